@@ -1,0 +1,18 @@
+//! Compute kernels: quantized blocks, SIMD dispatch, the thread pool, matmul,
+//! attention, norms, rope and activations. Knows nothing of models.
+
+pub mod activation;
+pub mod attention;
+pub mod error;
+pub mod matmul;
+pub mod norm;
+pub mod quant;
+pub mod rope;
+pub mod simd;
+pub mod threadpool;
+
+pub use error::KernelError;
+pub use matmul::{matmul, WeightView};
+pub use quant::dequantize;
+pub use threadpool::ThreadPool;
+pub use spindle_formats::GgmlType;
