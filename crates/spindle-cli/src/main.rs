@@ -1,1 +1,53 @@
-fn main() {}
+//! `spindle`: run, chat, score and measure language models on the CPU.
+
+mod commands;
+mod home;
+mod options;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "spindle", version, about = "A CPU inference engine for decoder-only language models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch the default model (Gemma 3 270M, Q4_K_M) into $SPINDLE_HOME.
+    Pull(commands::pull::PullArgs),
+    /// Generate text from a prompt.
+    Run(commands::run::RunArgs),
+    /// Talk with a model in a loop, using its chat template.
+    Chat(commands::chat::ChatArgs),
+    /// Print the token ids of a text as a JSON list.
+    Tokenize(commands::tokenize::TokenizeArgs),
+    /// Print the text of token ids.
+    Detokenize(commands::tokenize::DetokenizeArgs),
+    /// Log-probability of every next token of a text, in one pass.
+    Score(commands::score::ScoreArgs),
+    /// Perplexity of a text file (llama.cpp's protocol).
+    Perplexity(commands::perplexity::PerplexityArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("SPINDLE_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Pull(a) => commands::pull::run(a),
+        Command::Run(a) => commands::run::run(a),
+        Command::Chat(a) => commands::chat::run(a),
+        Command::Tokenize(a) => commands::tokenize::tokenize(a),
+        Command::Detokenize(a) => commands::tokenize::detokenize(a),
+        Command::Score(a) => commands::score::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -92,7 +92,7 @@ impl GgmlType {
     /// blocks or the size overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let bl = self.block_len() as u64;
-        if n % bl != 0 {
+        if !n.is_multiple_of(bl) {
             return None;
         }
         (n / bl).checked_mul(self.block_bytes() as u64)
@@ -120,36 +120,124 @@ impl fmt::Display for GgmlType {
     }
 }
 
+/// Block geometry of a ggml type id, including types Spindle cannot compute
+/// with, so that files holding them can still be bounds-checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TypeInfo {
+    /// The GGUF type id.
+    pub id: u32,
+    /// The name GGUF tools print for this type.
+    pub name: &'static str,
+    /// Number of values in one block.
+    pub block_len: u64,
+    /// Bytes in one block.
+    pub block_bytes: u64,
+}
+
+impl TypeInfo {
+    /// Bytes taken by `n` values, or `None` when `n` is not a whole number of
+    /// blocks or the size overflows.
+    pub fn bytes_for(&self, n: u64) -> Option<u64> {
+        if !n.is_multiple_of(self.block_len) {
+            return None;
+        }
+        (n / self.block_len).checked_mul(self.block_bytes)
+    }
+
+    /// The type as Spindle computes with it, or `None` when unsupported.
+    pub fn supported(&self) -> Option<GgmlType> {
+        GgmlType::from_id(self.id)
+    }
+}
+
+/// Every ggml type id that can appear in a GGUF file, with its geometry
+/// (ggml's `type_traits`: `blck_size` and `type_size`). Ids 4, 5 and 31..=33,
+/// 36..=38 were removed from ggml and are not listed.
+const TYPE_TABLE: &[TypeInfo] = &[
+    t(0, "F32", 1, 4),
+    t(1, "F16", 1, 2),
+    t(2, "Q4_0", 32, 18),
+    t(3, "Q4_1", 32, 20),
+    t(6, "Q5_0", 32, 22),
+    t(7, "Q5_1", 32, 24),
+    t(8, "Q8_0", 32, 34),
+    t(9, "Q8_1", 32, 36),
+    t(10, "Q2_K", 256, 84),
+    t(11, "Q3_K", 256, 110),
+    t(12, "Q4_K", 256, 144),
+    t(13, "Q5_K", 256, 176),
+    t(14, "Q6_K", 256, 210),
+    t(15, "Q8_K", 256, 292),
+    t(16, "IQ2_XXS", 256, 66),
+    t(17, "IQ2_XS", 256, 74),
+    t(18, "IQ3_XXS", 256, 98),
+    t(19, "IQ1_S", 256, 50),
+    t(20, "IQ4_NL", 32, 18),
+    t(21, "IQ3_S", 256, 110),
+    t(22, "IQ2_S", 256, 82),
+    t(23, "IQ4_XS", 256, 136),
+    t(24, "I8", 1, 1),
+    t(25, "I16", 1, 2),
+    t(26, "I32", 1, 4),
+    t(27, "I64", 1, 8),
+    t(28, "F64", 1, 8),
+    t(29, "IQ1_M", 256, 56),
+    t(30, "BF16", 1, 2),
+    t(34, "TQ1_0", 256, 54),
+    t(35, "TQ2_0", 256, 66),
+    t(39, "MXFP4", 32, 17),
+];
+
+const fn t(id: u32, name: &'static str, block_len: u64, block_bytes: u64) -> TypeInfo {
+    TypeInfo {
+        id,
+        name,
+        block_len,
+        block_bytes,
+    }
+}
+
+/// Geometry of any known ggml type id, or `None` for ids ggml never defined
+/// (or removed), whose size cannot be computed.
+pub fn type_info(id: u32) -> Option<TypeInfo> {
+    TYPE_TABLE.iter().find(|t| t.id == id).copied()
+}
+
 /// The name of a GGUF type id Spindle does not support, for error messages.
 pub fn unsupported_type_name(id: u32) -> String {
-    let known = match id {
-        3 => "Q4_1",
-        7 => "Q5_1",
-        9 => "Q8_1",
-        10 => "Q2_K",
-        11 => "Q3_K",
-        15 => "Q8_K",
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        18 => "IQ3_XXS",
-        19 => "IQ1_S",
-        20 => "IQ4_NL",
-        21 => "IQ3_S",
-        22 => "IQ2_S",
-        23 => "IQ4_XS",
-        24 => "I8",
-        25 => "I16",
-        26 => "I32",
-        27 => "I64",
-        28 => "F64",
-        29 => "IQ1_M",
-        34 => "TQ1_0",
-        35 => "TQ2_0",
-        _ => "",
-    };
-    if known.is_empty() {
-        format!("type id {id}")
-    } else {
-        format!("{known} (type id {id})")
+    match type_info(id) {
+        Some(info) => format!("{} (type id {id})", info.name),
+        None => format!("type id {id}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_agrees_with_supported_types() {
+        for ty in GgmlType::ALL {
+            let info = type_info(ty.id()).expect("supported type in table");
+            assert_eq!(info.name, ty.name());
+            assert_eq!(info.block_len, ty.block_len() as u64);
+            assert_eq!(info.block_bytes, ty.block_bytes() as u64);
+            assert_eq!(info.supported(), Some(ty));
+            assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
+        }
+    }
+
+    #[test]
+    fn table_ids_are_unique_and_removed_ids_unknown() {
+        for (i, a) in TYPE_TABLE.iter().enumerate() {
+            for b in &TYPE_TABLE[i + 1..] {
+                assert_ne!(a.id, b.id);
+            }
+        }
+        for id in [4, 5, 31, 32, 33, 36, 37, 38, 40, 1000, u32::MAX] {
+            assert!(type_info(id).is_none(), "id {id}");
+        }
+        assert_eq!(unsupported_type_name(3), "Q4_1 (type id 3)");
+        assert_eq!(unsupported_type_name(4), "type id 4");
     }
 }

@@ -4,5 +4,13 @@
 //! the file's size before anything is allocated from it.
 
 pub mod dtype;
+pub mod error;
+pub mod gguf;
+pub mod safetensors_dir;
+pub mod storage;
 
-pub use dtype::GgmlType;
+pub use dtype::{type_info, unsupported_type_name, GgmlType, TypeInfo};
+pub use error::FormatError;
+pub use gguf::{GgufFile, GgufTensorInfo, MetaValue};
+pub use safetensors_dir::{is_hf_dir, HfConfig, SafetensorsModel, SafetensorsTensor};
+pub use storage::{Storage, TensorBytes};

@@ -14,5 +14,5 @@ pub mod threadpool;
 pub use error::KernelError;
 pub use matmul::{matmul, WeightView};
 pub use quant::dequantize;
-pub use threadpool::ThreadPool;
 pub use spindle_formats::GgmlType;
+pub use threadpool::ThreadPool;

@@ -1,1 +1,353 @@
-//! TODO
+//! `out = x · Wᵀ` for a weight matrix in any supported type.
+//!
+//! Quantized weights: each activation row is quantized once per call to int8
+//! blocks ([`ActFormat`]), each block dot is an exact int32, scaled and folded
+//! into f32 lanes in a fixed order. Float weights (F32/F16/BF16): an f32 dot
+//! with the f32 activations.
+//!
+//! Work is split by weight rows: each thread takes a contiguous range and,
+//! tile by tile, runs every activation row against the tile while it is in
+//! cache, so the weights are read once per call.
+//!
+//! **Batch invariance**: `out[i, r]` is computed by one thread, by the same
+//! code, reducing in the same order whatever `n`, the other rows of `x`, or the
+//! thread count; scalar and AVX2 paths perform the same float operations, so
+//! results are bit-identical across all of these.
+
+use crate::error::KernelError;
+use crate::quant::q8_act::{ActFormat, ActRow, QuantizedActs};
+use crate::quant::{block32, checked_bytes, float, q4_0, q4_k, q5_0, q5_k, q6_k, q8_0};
+use crate::simd::{detected_isa, Isa};
+use crate::threadpool::ThreadPool;
+use spindle_formats::GgmlType;
+use std::cell::RefCell;
+
+/// A row-major weight matrix borrowed from model storage: row `r` (output
+/// feature `r`) is bytes `r * row_bytes .. (r + 1) * row_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightView<'a> {
+    pub ty: GgmlType,
+    /// Output features.
+    pub rows: usize,
+    /// Input features (a multiple of the type's block length).
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> WeightView<'a> {
+    /// Checks that `cols` is whole blocks and `data` is exactly
+    /// `rows * row_bytes` bytes.
+    pub fn new(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let w = WeightView {
+            ty,
+            rows,
+            cols,
+            data,
+        };
+        w.validate()?;
+        Ok(w)
+    }
+
+    /// Bytes per row: `ty.bytes_for(cols)`. Meaningful once validated (0 when
+    /// `cols` is not whole blocks).
+    pub fn row_bytes(&self) -> usize {
+        checked_bytes(self.ty, self.cols, "weight row").unwrap_or(0)
+    }
+
+    fn validate(&self) -> Result<usize, KernelError> {
+        let row_bytes = checked_bytes(self.ty, self.cols, "weight row")?;
+        let total = row_bytes
+            .checked_mul(self.rows)
+            .ok_or_else(|| KernelError::unsupported("weight matrix size overflows"))?;
+        if self.data.len() != total {
+            return Err(KernelError::size(
+                format!("{} weight bytes ({} x {})", self.ty, self.rows, self.cols),
+                total,
+                self.data.len(),
+            ));
+        }
+        Ok(row_bytes)
+    }
+}
+
+/// `out[i * w.rows + r] = dot(row r of w, row i of x)` for `x` of `n` rows of
+/// `w.cols` values, on the best ISA ([`detected_isa`]).
+pub fn matmul(
+    w: &WeightView<'_>,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    matmul_with_isa(detected_isa(), w, x, n, out, pool)
+}
+
+/// [`matmul`] on a chosen ISA; an ISA this CPU lacks is an error.
+pub fn matmul_with_isa(
+    isa: Isa,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    let row_bytes = w.validate()?;
+    let in_len = n
+        .checked_mul(w.cols)
+        .ok_or_else(|| KernelError::unsupported("activation size overflows"))?;
+    if x.len() != in_len {
+        return Err(KernelError::size(
+            "matmul input (n * cols)",
+            in_len,
+            x.len(),
+        ));
+    }
+    let out_len = n
+        .checked_mul(w.rows)
+        .ok_or_else(|| KernelError::unsupported("output size overflows"))?;
+    if out.len() != out_len {
+        return Err(KernelError::size(
+            "matmul output (n * rows)",
+            out_len,
+            out.len(),
+        ));
+    }
+    if !isa.is_available() {
+        return Err(KernelError::unsupported(format!("ISA {isa} on this CPU")));
+    }
+    if out_len == 0 {
+        return Ok(());
+    }
+    if w.cols == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+
+    let shape = Shape {
+        rows: w.rows,
+        cols: w.cols,
+        row_bytes,
+        n,
+    };
+    match kernel_for(w.ty, isa)? {
+        Kernel::Float(k) => {
+            let out = OutPtr::new(out);
+            run_split(pool, &shape, w.data.len(), &|r0, r1| {
+                float_range(k, w.data, &shape, x, &out, r0, r1)
+            });
+        }
+        Kernel::Quant(format, k) => {
+            ACTS.with(|cell| -> Result<(), KernelError> {
+                // A re-entrant call (not expected) gets its own buffer.
+                let mut fresh;
+                let mut guard = cell.try_borrow_mut();
+                let acts: &mut QuantizedActs = match guard {
+                    Ok(ref mut g) => g,
+                    Err(_) => {
+                        fresh = QuantizedActs::new();
+                        &mut fresh
+                    }
+                };
+                acts.quantize_with_isa(isa, format, x, n, w.cols)?;
+                let acts = &*acts;
+                let out = OutPtr::new(out);
+                run_split(pool, &shape, w.data.len(), &|r0, r1| {
+                    quant_range(k, w.data, &shape, acts, &out, r0, r1)
+                });
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// Quantized activations, reused across calls on this thread.
+    static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::new());
+}
+
+/// Below this many weight bytes times rows of `x`, one thread does the work
+/// (waking the pool would cost more).
+const SERIAL_WORK: usize = 48 * 1024;
+
+/// Aim for weight tiles of about this many bytes (L1/L2 resident while every
+/// activation row runs against them).
+const TILE_BYTES: usize = 16 * 1024;
+
+struct Shape {
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    n: usize,
+}
+
+/// `k(w_rows, row_bytes, x_row, out)`: `out[j] = dot(row j of w_rows, x_row)`.
+type FloatRowsFn = unsafe fn(&[u8], usize, &[f32], &mut [f32]);
+/// Same with a quantized activation row.
+type QuantRowsFn = unsafe fn(&[u8], usize, ActRow<'_>, &mut [f32]);
+
+#[derive(Clone, Copy)]
+enum Kernel {
+    Float(FloatRowsFn),
+    Quant(ActFormat, QuantRowsFn),
+}
+
+/// The row kernel for a weight type on an ISA. Callers have checked that the
+/// ISA is available, which is what makes calling the returned function sound.
+fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
+    let b32 = ActFormat::Block32;
+    let b256 = ActFormat::Block256;
+    match isa {
+        Isa::Scalar => Ok(match ty {
+            GgmlType::F32 => Kernel::Float(float::rows_scalar::<float::F32>),
+            GgmlType::F16 => Kernel::Float(float::rows_scalar::<float::F16>),
+            GgmlType::BF16 => Kernel::Float(float::rows_scalar::<float::Bf16>),
+            GgmlType::Q8_0 => Kernel::Quant(b32, block32::rows_scalar::<q8_0::Q8_0>),
+            GgmlType::Q4_0 => Kernel::Quant(b32, block32::rows_scalar::<q4_0::Q4_0>),
+            GgmlType::Q5_0 => Kernel::Quant(b32, block32::rows_scalar::<q5_0::Q5_0>),
+            GgmlType::Q4_K => Kernel::Quant(b256, q4_k::rows_scalar),
+            GgmlType::Q5_K => Kernel::Quant(b256, q5_k::rows_scalar),
+            GgmlType::Q6_K => Kernel::Quant(b256, q6_k::rows_scalar),
+        }),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Ok(match ty {
+            GgmlType::F32 => Kernel::Float(float::avx2::rows::<float::F32>),
+            GgmlType::F16 => Kernel::Float(float::avx2::rows::<float::F16>),
+            GgmlType::BF16 => Kernel::Float(float::avx2::rows::<float::Bf16>),
+            GgmlType::Q8_0 => Kernel::Quant(b32, block32::avx2::rows::<q8_0::Q8_0>),
+            GgmlType::Q4_0 => Kernel::Quant(b32, block32::avx2::rows::<q4_0::Q4_0>),
+            GgmlType::Q5_0 => Kernel::Quant(b32, block32::avx2::rows::<q5_0::Q5_0>),
+            GgmlType::Q4_K => Kernel::Quant(b256, q4_k::avx2::rows),
+            GgmlType::Q5_K => Kernel::Quant(b256, q5_k::avx2::rows),
+            GgmlType::Q6_K => Kernel::Quant(b256, q6_k::avx2::rows),
+        }),
+        #[allow(unreachable_patterns)]
+        _ => Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
+    }
+}
+
+/// Splits the weight rows into one contiguous range per thread and calls
+/// `f(r0, r1)` for each; small problems run on the caller alone.
+fn run_split(
+    pool: &ThreadPool,
+    shape: &Shape,
+    weight_bytes: usize,
+    f: &(dyn Fn(usize, usize) + Sync),
+) {
+    let work = weight_bytes.saturating_mul(shape.n);
+    let threads = pool.n_threads().min(shape.rows);
+    if threads <= 1 || work < SERIAL_WORK {
+        f(0, shape.rows);
+        return;
+    }
+    pool.run(&|t, nt| {
+        let nt = nt.min(threads);
+        if t < nt {
+            let (r0, r1) = split(shape.rows, t, nt);
+            f(r0, r1);
+        }
+    });
+}
+
+/// Rows `[r0, r1)` of thread `t` of `nt`: contiguous, sizes differing by at
+/// most one.
+fn split(rows: usize, t: usize, nt: usize) -> (usize, usize) {
+    let base = rows / nt;
+    let extra = rows % nt;
+    let start = t * base + t.min(extra);
+    (start, start + base + usize::from(t < extra))
+}
+
+fn tile_rows(row_bytes: usize) -> usize {
+    (TILE_BYTES / row_bytes.max(1)).clamp(1, 64)
+}
+
+fn float_range(
+    k: FloatRowsFn,
+    data: &[u8],
+    shape: &Shape,
+    x: &[f32],
+    out: &OutPtr,
+    r0: usize,
+    r1: usize,
+) {
+    let tile = tile_rows(shape.row_bytes);
+    let mut t0 = r0;
+    while t0 < r1 {
+        let t1 = (t0 + tile).min(r1);
+        let w_tile = &data[t0 * shape.row_bytes..t1 * shape.row_bytes];
+        for (i, x_row) in x.chunks_exact(shape.cols).enumerate() {
+            // SAFETY: this thread owns weight rows [r0, r1), so output
+            // elements [i*rows + t0, i*rows + t1) are written by no one else;
+            // `matmul_with_isa` checked `out.len() == n * rows`.
+            let o = unsafe { out.slice(i * shape.rows + t0, t1 - t0) };
+            // SAFETY: `kernel_for` only returns kernels for ISAs that
+            // `matmul_with_isa` checked are available; `w_tile` is `o.len()`
+            // rows of `row_bytes`, each `x_row.len()` elements.
+            unsafe { k(w_tile, shape.row_bytes, x_row, o) };
+        }
+        t0 = t1;
+    }
+}
+
+fn quant_range(
+    k: QuantRowsFn,
+    data: &[u8],
+    shape: &Shape,
+    acts: &QuantizedActs,
+    out: &OutPtr,
+    r0: usize,
+    r1: usize,
+) {
+    let tile = tile_rows(shape.row_bytes);
+    let mut t0 = r0;
+    while t0 < r1 {
+        let t1 = (t0 + tile).min(r1);
+        let w_tile = &data[t0 * shape.row_bytes..t1 * shape.row_bytes];
+        for i in 0..shape.n {
+            let Some(a) = acts.row(i) else { return };
+            // SAFETY: as in `float_range`: disjoint output range of this
+            // thread, bounds checked by the caller.
+            let o = unsafe { out.slice(i * shape.rows + t0, t1 - t0) };
+            // SAFETY: the ISA was checked available; `w_tile` is `o.len()`
+            // rows of `row_bytes`, each as many blocks as `a` has scales.
+            unsafe { k(w_tile, shape.row_bytes, a, o) };
+        }
+        t0 = t1;
+    }
+}
+
+/// The output buffer shared by the threads of one matmul, each writing only
+/// the elements of its own weight rows.
+struct OutPtr {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: threads only create disjoint sub-slices (see `slice`), and the
+// buffer outlives the `pool.run` call that uses it.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn new(out: &mut [f32]) -> Self {
+        OutPtr {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        }
+    }
+
+    /// `out[start..start + len]`, checked against the buffer's bounds.
+    ///
+    /// # Safety
+    /// No other live slice from this `OutPtr` may overlap the range.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start <= self.len && len <= self.len - start);
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+    }
+}

@@ -1,5 +1,22 @@
 //! Architectures over kernels: a `Batch` of rows in, logits out; the tokenizer
 //! and the chat template.
 
+pub mod arch;
+pub mod batch;
 pub mod chat_template;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod kv_cache;
+pub mod loader;
+mod parallel;
 pub mod tokenizer;
+pub mod weights;
+
+pub use arch::Family;
+pub use batch::{Batch, Row, SeqId};
+pub use config::ModelConfig;
+pub use error::ModelError;
+pub use forward::{Logits, Model};
+pub use kv_cache::{KvCache, KvType};
+pub use loader::{load, LoadedModel};

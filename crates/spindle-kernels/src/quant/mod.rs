@@ -1,1 +1,130 @@
-//! TODO
+//! Quantized blocks: dequantization (the readable scalar reference for each
+//! type) and the per-type dot-product kernels that `matmul` dispatches to.
+//!
+//! Block layouts follow GGUF/ggml. Each type lives in its own file, with its
+//! scalar reference code and, beside it, its SIMD version.
+//!
+//! Dot products against activations quantized by [`q8_act`] are exact in
+//! integers per block; see `crate::simd` for the fixed float reduction order
+//! every path shares.
+
+pub mod float;
+pub mod q4_0;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_0;
+pub mod q8_act;
+
+use crate::error::KernelError;
+use spindle_formats::GgmlType;
+
+/// Dequantizes `dst.len()` values of type `ty` from `src`.
+///
+/// `dst.len()` must be a whole number of blocks and `src` exactly
+/// `ty.bytes_for(dst.len())` bytes. This is the scalar reference
+/// implementation.
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    let expected = checked_bytes(ty, dst.len(), "dequantize destination")?;
+    if src.len() != expected {
+        return Err(KernelError::size(
+            format!("dequantize {ty} source bytes"),
+            expected,
+            src.len(),
+        ));
+    }
+    match ty {
+        GgmlType::F32 => float::dequantize_f32(src, dst),
+        GgmlType::F16 => float::dequantize_f16(src, dst),
+        GgmlType::BF16 => float::dequantize_bf16(src, dst),
+        GgmlType::Q8_0 => q8_0::dequantize(src, dst),
+        GgmlType::Q4_0 => q4_0::dequantize(src, dst),
+        GgmlType::Q5_0 => q5_0::dequantize(src, dst),
+        GgmlType::Q4_K => q4_k::dequantize(src, dst),
+        GgmlType::Q5_K => q5_k::dequantize(src, dst),
+        GgmlType::Q6_K => q6_k::dequantize(src, dst),
+    }
+    Ok(())
+}
+
+/// Bytes taken by `n` values of `ty`, or an error naming `what` when `n` is
+/// not a whole number of blocks (or the size overflows).
+pub(crate) fn checked_bytes(ty: GgmlType, n: usize, what: &str) -> Result<usize, KernelError> {
+    let block_len = ty.block_len();
+    if !n.is_multiple_of(block_len) {
+        return Err(KernelError::NotBlockAligned {
+            what: format!("{what} ({ty})"),
+            len: n,
+            block_len,
+        });
+    }
+    ty.bytes_for(n as u64)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| KernelError::unsupported(format!("{what}: {n} values of {ty} overflow")))
+}
+
+/// The f32 value of the little-endian f16 at `bytes[0..2]`.
+#[inline]
+pub(crate) fn f16_le(bytes: [u8; 2]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes(bytes)).to_f32()
+}
+
+/// The first `N` bytes of `s` as an array. Callers pass slices they have
+/// already sized (block chunks), so the length check never fails in practice;
+/// it compiles away once the chunk size is a constant.
+#[inline(always)]
+pub(crate) fn arr<const N: usize>(s: &[u8]) -> &[u8; N] {
+    match s.get(..N).map(<&[u8; N]>::try_from) {
+        Some(Ok(a)) => a,
+        _ => panic!("block slice shorter than {N} bytes (kernel invariant)"),
+    }
+}
+
+/// Unpacks the 8 six-bit scales and 8 six-bit mins of a Q4_K/Q5_K super-block
+/// from their 12 packed bytes.
+///
+/// Bytes 0..4 hold scales 0..4 in their low 6 bits, bytes 4..8 mins 0..4;
+/// bytes 8..12 hold the low 4 bits of scales 4..8 (low nibble) and mins 4..8
+/// (high nibble), whose top 2 bits sit in the top bits of bytes 0..8.
+#[inline]
+pub(crate) fn k_scales_mins(p: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..4 {
+        sc[j] = p[j] & 63;
+        mn[j] = p[j + 4] & 63;
+        sc[j + 4] = (p[j + 8] & 0x0F) | ((p[j] >> 6) << 4);
+        mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
+    }
+    (sc, mn)
+}
+
+pub(crate) mod block32;
+
+/// Folds one block's exact integer dot into an f32 lane:
+/// `lane = fma(dw * da, isum, lane)`. Shared by every path so they round
+/// identically.
+#[inline]
+pub(crate) fn fold_scaled(lane: &mut f32, dw: f32, da: f32, isum: i32) {
+    *lane = (dw * da).mul_add(isum as f32, *lane);
+}
+
+/// [`fold_scaled`], then subtracts the block's min term:
+/// `lane = fma(-(dmin * da), imin, lane)`.
+#[inline]
+pub(crate) fn fold_scaled_min(lane: &mut f32, dw: f32, dmin: f32, da: f32, isum: i32, imin: i32) {
+    fold_scaled(lane, dw, da, isum);
+    *lane = (-(dmin * da)).mul_add(imin as f32, *lane);
+}
+
+/// `sum_j mins[j] * (sum of the 32 activation values of sub-block j)`, from
+/// the per-16 sums of a `Block256` activation block. Exact.
+#[inline]
+pub(crate) fn k_mins_dot(mins: &[u8; 8], bsums: &[i16]) -> i32 {
+    let mut imin = 0i32;
+    for (j, &m) in mins.iter().enumerate() {
+        imin += m as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32);
+    }
+    imin
+}

@@ -1,0 +1,78 @@
+//! `spindle chat`: an interactive loop with the chat template.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Result;
+use clap::Args;
+use spindle_engine::{generate, GenerateRequest};
+use spindle_model::chat_template::ChatMessage;
+
+use crate::commands::run::encode_chat;
+use crate::options::{kv_cache, tokenizer, ModelArgs, SamplingArgs};
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A system message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokens per reply at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    pub n: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+pub fn run(args: ChatArgs) -> Result<()> {
+    let sampler = args.sampling.config()?;
+    let loaded = args.model.load()?;
+    let tok = tokenizer(&loaded)?;
+    let mut kv = kv_cache(&loaded, args.model.ctx);
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+    }
+    eprintln!("Chatting with {} ({} threads). Empty line or Ctrl-D to quit.", loaded.name, loaded.model.n_threads());
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    let mut turn = 0u64;
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        messages.push(ChatMessage { role: "user".into(), content: line.trim_end().to_string() });
+        let prompt = encode_chat(tok, &messages)?;
+        let req = GenerateRequest {
+            prompt,
+            max_tokens: args.n,
+            sampler: spindle_engine::SamplerConfig { seed: sampler.seed.wrapping_add(turn), ..sampler.clone() },
+            stop_ids: tok.stop_ids(),
+        };
+        let mut decoder = tok.stream_decoder();
+        let out = match generate(&loaded.model, &mut kv, &req, |id| {
+            if let Some(p) = decoder.push(id) {
+                let _ = stdout.write_all(p.as_bytes());
+                let _ = stdout.flush();
+            }
+            true
+        }) {
+            Ok(out) => out,
+            Err(e) => {
+                // Keep the session alive: drop the turn and say why.
+                eprintln!("\nerror: {e}");
+                messages.pop();
+                continue;
+            }
+        };
+        if let Some(rest) = decoder.flush() {
+            let _ = stdout.write_all(rest.as_bytes());
+        }
+        println!();
+        messages.push(ChatMessage { role: "assistant".into(), content: tok.decode(&out.tokens)?.trim().to_string() });
+        turn += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,8 @@
+//! One file per subcommand.
+
+pub mod chat;
+pub mod perplexity;
+pub mod pull;
+pub mod run;
+pub mod score;
+pub mod tokenize;

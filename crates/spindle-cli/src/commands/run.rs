@@ -1,0 +1,129 @@
+//! `spindle run`: generate text from a prompt.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+use spindle_engine::{generate, GenerateOutput, GenerateRequest};
+use spindle_model::chat_template::{ChatMessage, ChatTemplate};
+use spindle_model::tokenizer::Tokenizer;
+
+use crate::options::{kv_cache, prompt_text, tokenizer, ModelArgs, SamplingArgs};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Wrap the prompt in the model's chat template as a user turn.
+    #[arg(long)]
+    pub chat: bool,
+    /// Print one JSON object at the end instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Token ids of a prompt, through the chat template when asked.
+pub fn prompt_ids(tok: &Tokenizer, text: &str, chat: bool) -> Result<Vec<u32>> {
+    if !chat {
+        return Ok(tok.encode(text, tok.add_bos_default(), false)?);
+    }
+    let messages = [ChatMessage { role: "user".into(), content: text.to_string() }];
+    encode_chat(tok, &messages)
+}
+
+/// Renders messages with the model's chat template and encodes them, special
+/// tokens included (no second BOS when the template wrote one).
+pub fn encode_chat(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+    let template = ChatTemplate::for_tokenizer(tok);
+    let text = template.render(
+        messages,
+        true,
+        &tok.bos_token().unwrap_or_default(),
+        &tok.eos_token().unwrap_or_default(),
+    )?;
+    Ok(tok.encode_chat_prompt(&text)?)
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let text = prompt_text(&args.prompt, &args.file)?;
+    let sampler = args.sampling.config()?;
+    let loaded = args.model.load()?;
+    let tok = tokenizer(&loaded)?;
+    let prompt = prompt_ids(tok, &text, args.chat)?;
+    let mut kv = kv_cache(&loaded, args.model.ctx);
+    let req = GenerateRequest { prompt: prompt.clone(), max_tokens: args.n, sampler: sampler.clone(), stop_ids: tok.stop_ids() };
+
+    let mut decoder = tok.stream_decoder();
+    let mut stdout = std::io::stdout().lock();
+    let streaming = !args.json;
+    let out = generate(&loaded.model, &mut kv, &req, |id| {
+        if streaming {
+            if let Some(piece) = decoder.push(id) {
+                // A closed stdout (e.g. `| head`) stops generation quietly.
+                if stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+                    return false;
+                }
+            }
+        }
+        true
+    })?;
+    if streaming {
+        if let Some(rest) = decoder.flush() {
+            let _ = stdout.write_all(rest.as_bytes());
+        }
+        let _ = writeln!(stdout);
+        print_stats(&out, loaded.model.n_threads(), sampler.seed);
+    } else {
+        let text = tok.decode(&out.tokens)?;
+        println!("{}", serde_json::to_string(&result_json(&prompt, &out, &text, sampler.seed))?);
+    }
+    Ok(())
+}
+
+pub fn result_json(prompt: &[u32], out: &GenerateOutput, text: &str, seed: u64) -> serde_json::Value {
+    let s = &out.stats;
+    json!({
+        "prompt_tokens": prompt,
+        "tokens": out.tokens,
+        "text": text,
+        "finish_reason": out.finish.as_str(),
+        "stats": {
+            "prompt_tokens_per_s": s.prompt_tokens_per_s(),
+            "gen_tokens_per_s": s.gen_tokens_per_s(),
+            "passes": s.passes,
+            "tokens_per_pass": s.tokens_per_pass(),
+            "prompt_seconds": s.prompt_seconds,
+            "gen_seconds": s.gen_seconds,
+            "seed": seed,
+        }
+    })
+}
+
+pub fn print_stats(out: &GenerateOutput, threads: usize, seed: u64) {
+    let s = &out.stats;
+    eprintln!(
+        "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | {} passes, {:.2} tokens/pass | {} threads, seed {}, finish: {}",
+        s.prompt_tokens,
+        s.prompt_tokens_per_s(),
+        s.gen_tokens,
+        s.gen_tokens_per_s(),
+        s.passes,
+        s.tokens_per_pass(),
+        threads,
+        seed,
+        out.finish.as_str()
+    );
+}

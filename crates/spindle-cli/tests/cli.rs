@@ -1,0 +1,155 @@
+//! The `spindle` binary end to end: bad input gives one clear line and a
+//! non-zero exit; the real model's commands give well-formed output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn spindle(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spindle")).args(args).output().expect("run spindle")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let o = spindle(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} should fail; stderr: {err}");
+    assert!(err.contains(needle), "{args:?}: stderr should mention '{needle}', got: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+}
+
+fn tiny(arch: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../spindle-model/tests/fixtures/tiny").join(arch)
+}
+
+fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("spindle-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    fails_with(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"], "no such file");
+}
+
+#[test]
+fn a_file_that_is_not_a_model_is_a_clear_error() {
+    let p = tmp("notes.gguf", b"these are not the weights you are looking for");
+    fails_with(&["run", "-m", p.to_str().unwrap(), "-p", "hi"], "not a GGUF file");
+}
+
+#[test]
+fn truncated_model_is_a_clear_error() {
+    let bytes = std::fs::read(tiny("gemma3").join("model.gguf")).unwrap();
+    for cut in [bytes.len() / 2, 1000, 30] {
+        let p = tmp(&format!("cut{cut}.gguf"), &bytes[..cut]);
+        fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2,3"], "truncated");
+    }
+}
+
+#[test]
+fn unsupported_architecture_is_a_clear_error() {
+    let mut bytes = std::fs::read(tiny("gemma3").join("model.gguf")).unwrap();
+    // Rename the architecture value "gemma3" (its keys are renamed too, so the
+    // file stays self-consistent for a model of architecture "gemmaX").
+    let (from, to) = (b"gemma3", b"gemmaX");
+    let mut i = 0;
+    while i + from.len() <= bytes.len() {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+        }
+        i += 1;
+    }
+    let p = tmp("arch.gguf", &bytes);
+    fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2,3"], "unsupported architecture 'gemmaX'");
+}
+
+/// A minimal, self-consistent Llama GGUF v3 whose embedding is Q4_1, a type
+/// Spindle does not compute with.
+fn gguf_with_q4_1() -> Vec<u8> {
+    let mut b = Vec::new();
+    let s = |b: &mut Vec<u8>, t: &str| {
+        b.extend((t.len() as u64).to_le_bytes());
+        b.extend(t.as_bytes());
+    };
+    let u32s = [
+        ("llama.block_count", 0u32),
+        ("llama.embedding_length", 32),
+        ("llama.feed_forward_length", 32),
+        ("llama.attention.head_count", 1),
+    ];
+    b.extend(b"GGUF");
+    b.extend(3u32.to_le_bytes());
+    b.extend(1u64.to_le_bytes()); // tensors
+    b.extend((1 + u32s.len() as u64).to_le_bytes()); // kv
+    s(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes()); // string
+    s(&mut b, "llama");
+    for (k, v) in u32s {
+        s(&mut b, k);
+        b.extend(4u32.to_le_bytes()); // uint32
+        b.extend(v.to_le_bytes());
+    }
+    s(&mut b, "token_embd.weight");
+    b.extend(2u32.to_le_bytes());
+    b.extend(32u64.to_le_bytes());
+    b.extend(4u64.to_le_bytes());
+    b.extend(3u32.to_le_bytes()); // Q4_1
+    b.extend(0u64.to_le_bytes());
+    while b.len() % 32 != 0 {
+        b.push(0);
+    }
+    b.extend(vec![0u8; 4 * 20]);
+    b
+}
+
+#[test]
+fn unsupported_tensor_type_names_the_tensor_and_type() {
+    let p = tmp("q41.gguf", &gguf_with_q4_1());
+    fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2"], "token_embd.weight");
+    fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2"], "Q4_1");
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_a_clear_error() {
+    let m = tiny("llama").join("model.gguf");
+    fails_with(&["score", "-m", m.to_str().unwrap(), "--ids", "1,2,3,4,5,6", "--ctx", "4"], "context");
+}
+
+#[test]
+fn a_model_without_a_tokenizer_says_so() {
+    let m = tiny("qwen3").join("model.gguf");
+    fails_with(&["run", "-m", m.to_str().unwrap(), "-p", "hello"], "tokenizer");
+}
+
+#[test]
+fn bad_arguments_are_clear() {
+    let m = tiny("llama").join("model.gguf");
+    fails_with(&["score", "-m", m.to_str().unwrap(), "--ids", "1,x,3"], "'x' is not a token id");
+    fails_with(&["run", "-m", m.to_str().unwrap(), "-p", "a", "--temp=-1"], "--temp");
+    fails_with(&["score", "-m", m.to_str().unwrap(), "--ids", "1,999999"], "outside the vocabulary");
+}
+
+#[test]
+fn score_on_token_ids_of_a_tiny_model() {
+    let m = tiny("gemma2").join("model.gguf");
+    let o = spindle(&["score", "-m", m.to_str().unwrap(), "--ids", "5,17,99,3", "--top", "3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"], serde_json::json!([5, 17, 99, 3]));
+    let pos = v["positions"].as_array().unwrap();
+    assert_eq!(pos.len(), 3);
+    for (p, want) in pos.iter().zip([17, 99, 3]) {
+        assert_eq!(p["id"], want);
+        let lp = p["logprob"].as_f64().unwrap();
+        assert!(lp < 0.0 && lp.is_finite());
+        let top = p["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert!(top[0]["logprob"].as_f64().unwrap() >= lp);
+    }
+}

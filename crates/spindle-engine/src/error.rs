@@ -1,0 +1,15 @@
+//! Errors of the engine.
+
+use spindle_model::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error("the prompt has {tokens} tokens but the context holds {ctx}: shorten it or raise --ctx")]
+    PromptTooLong { tokens: usize, ctx: usize },
+    #[error("the text has {tokens} tokens, fewer than one chunk of {ctx}: give a longer text or a smaller -c")]
+    TextTooShort { tokens: usize, ctx: usize },
+}

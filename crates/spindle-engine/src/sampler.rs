@@ -1,0 +1,248 @@
+//! Token sampling as a pure function of (settings, seed, position, logits,
+//! history).
+//!
+//! Randomness comes from a counter-based generator keyed by the seed, the
+//! absolute position and the token id, and a token is chosen by Gumbel-max:
+//! `argmax(logit/T + g)`, which samples exactly from the softmax over the
+//! candidates left by the filters. Because nothing depends on how many passes
+//! or which batch produced the logits, speculative and batched decoding can
+//! reproduce plain decoding token for token at any temperature.
+
+use std::collections::HashMap;
+
+/// Sampling settings. The defaults are plain greedy decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    /// 0 (or less) means greedy.
+    pub temperature: f32,
+    /// Keep the `k` most likely tokens (0: off).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `p` (1: off).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one (0: off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recent tokens (1: off).
+    pub repetition_penalty: f32,
+    /// Subtracted from logits of tokens present in the recent history.
+    pub presence_penalty: f32,
+    /// Subtracted once per occurrence in the recent history.
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+}
+
+/// Chooses the token at absolute `position` from `logits`, given the tokens
+/// before it (`history`, for the penalties).
+pub fn sample(cfg: &SamplerConfig, logits: &[f32], history: &[u32], position: usize) -> u32 {
+    let mut owned;
+    let logits = if cfg.has_penalties() {
+        owned = logits.to_vec();
+        apply_penalties(cfg, &mut owned, history);
+        &owned[..]
+    } else {
+        logits
+    };
+    if cfg.is_greedy() {
+        return argmax(logits);
+    }
+    let candidates = filter(cfg, logits);
+    let inv_t = 1.0 / cfg.temperature as f64;
+    let mut best = (f64::NEG_INFINITY, candidates.first().map_or(0, |c| c.0));
+    for &(id, logit) in &candidates {
+        let score = logit as f64 * inv_t + gumbel(cfg.seed, position as u64, id as u64);
+        if score > best.0 || (score == best.0 && id < best.1) {
+            best = (score, id);
+        }
+    }
+    best.1
+}
+
+/// The most likely token; the lowest id wins a tie.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn apply_penalties(cfg: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
+    let recent = &history[history.len().saturating_sub(cfg.penalty_last_n)..];
+    let mut counts: HashMap<u32, u32> = HashMap::new();
+    for &t in recent {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (&t, &c) in &counts {
+        let Some(l) = logits.get_mut(t as usize) else { continue };
+        if cfg.repetition_penalty != 1.0 {
+            *l = if *l > 0.0 { *l / cfg.repetition_penalty } else { *l * cfg.repetition_penalty };
+        }
+        *l -= cfg.presence_penalty + cfg.frequency_penalty * c as f32;
+    }
+}
+
+/// Candidates `(id, logit)` left by top-k, top-p and min-p (in that order,
+/// as Hugging Face applies them).
+fn filter(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
+    let mut cands: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if cfg.top_k > 0 && cfg.top_k < cands.len() {
+        cands.select_nth_unstable_by(cfg.top_k - 1, by_logit);
+        cands.truncate(cfg.top_k);
+    }
+    let needs_order = cfg.top_p < 1.0 || cfg.min_p > 0.0;
+    if !needs_order {
+        return cands;
+    }
+    // Probabilities at temperature T over the current candidates.
+    let inv_t = 1.0 / cfg.temperature as f64;
+    let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = cands.iter().map(|c| ((c.1 as f64 - max) * inv_t).exp()).sum();
+    if cfg.top_p < 1.0 {
+        // Sort only the head of the distribution when it already reaches top_p.
+        let head = 1024.min(cands.len());
+        if head < cands.len() {
+            cands.select_nth_unstable_by(head - 1, by_logit);
+        }
+        cands[..head].sort_by(by_logit);
+        let mut cum = 0.0;
+        let mut keep = None;
+        for (i, c) in cands[..head].iter().enumerate() {
+            cum += ((c.1 as f64 - max) * inv_t).exp() / z;
+            if cum >= cfg.top_p as f64 {
+                keep = Some(i + 1);
+                break;
+            }
+        }
+        match keep {
+            Some(k) => cands.truncate(k),
+            None => {
+                cands.sort_by(by_logit);
+                let mut cum = 0.0;
+                let k = cands
+                    .iter()
+                    .position(|c| {
+                        cum += ((c.1 as f64 - max) * inv_t).exp() / z;
+                        cum >= cfg.top_p as f64
+                    })
+                    .map_or(cands.len(), |i| i + 1);
+                cands.truncate(k);
+            }
+        }
+    }
+    // min-p is relative to the most likely token, so renormalising does not move it.
+    if cfg.min_p > 0.0 {
+        // p_i >= min_p * p_max  <=>  (l_i - max)/T >= ln(min_p)
+        let cut = (cfg.min_p as f64).ln();
+        cands.retain(|c| (c.1 as f64 - max) * inv_t >= cut);
+    }
+    cands
+}
+
+/// A standard Gumbel variate keyed by (seed, position, token).
+fn gumbel(seed: u64, position: u64, token: u64) -> f64 {
+    let h = mix(mix(mix(seed ^ 0x9E37_79B9_7F4A_7C15) ^ position) ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+    // 53 random bits -> u in (0, 1).
+    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    -(-u.ln()).ln()
+}
+
+/// SplitMix64 finaliser: a bijective, well-mixed hash of 64 bits.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hot(n: usize, peaks: &[(usize, f32)]) -> Vec<f32> {
+        let mut l = vec![-10.0f32; n];
+        for &(i, v) in peaks {
+            l[i] = v;
+        }
+        l
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_lowest_tie() {
+        let l = hot(10, &[(3, 5.0), (7, 5.0)]);
+        assert_eq!(sample(&SamplerConfig::default(), &l, &[], 0), 3);
+    }
+
+    #[test]
+    fn same_key_same_token_and_frequencies_follow_softmax() {
+        let l = vec![0.0f32, (2.0f32).ln(), (3.0f32).ln(), (4.0f32).ln()];
+        let cfg = SamplerConfig { temperature: 1.0, seed: 42, ..Default::default() };
+        let mut counts = [0usize; 4];
+        let n = 40_000;
+        for pos in 0..n {
+            let t = sample(&cfg, &l, &[], pos);
+            assert_eq!(t, sample(&cfg, &l, &[], pos), "not a pure function");
+            counts[t as usize] += 1;
+        }
+        for (i, &c) in counts.iter().enumerate() {
+            let want = (i + 1) as f64 / 10.0;
+            let got = c as f64 / n as f64;
+            assert!((got - want).abs() < 0.01, "token {i}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn filters_limit_the_candidates() {
+        let l = vec![3.0f32, 2.9, 1.0, 0.0, -1.0];
+        let top_k = SamplerConfig { temperature: 1.0, top_k: 2, ..Default::default() };
+        // p = [0.474, 0.429, 0.064, ...]: top-p 0.45 keeps only the first token.
+        let top_p = SamplerConfig { temperature: 1.0, top_p: 0.45, ..Default::default() };
+        let min_p = SamplerConfig { temperature: 1.0, min_p: 0.5, ..Default::default() };
+        for pos in 0..2000 {
+            assert!(sample(&SamplerConfig { seed: pos as u64, ..top_k.clone() }, &l, &[], pos) < 2);
+            assert_eq!(sample(&SamplerConfig { seed: pos as u64, ..top_p.clone() }, &l, &[], pos), 0);
+            assert!(sample(&SamplerConfig { seed: pos as u64, ..min_p.clone() }, &l, &[], pos) < 2);
+        }
+    }
+
+    #[test]
+    fn penalties_change_the_choice() {
+        let l = vec![2.0f32, 1.5, 0.0];
+        let rep = SamplerConfig { repetition_penalty: 2.0, ..Default::default() };
+        assert_eq!(sample(&rep, &l, &[0], 1), 1);
+        let freq = SamplerConfig { frequency_penalty: 0.3, ..Default::default() };
+        assert_eq!(sample(&freq, &l, &[0], 1), 0);
+        assert_eq!(sample(&freq, &l, &[0, 0], 2), 1);
+        let pres = SamplerConfig { presence_penalty: 0.6, ..Default::default() };
+        assert_eq!(sample(&pres, &l, &[0, 0, 0], 3), 1);
+    }
+}

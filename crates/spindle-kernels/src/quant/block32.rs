@@ -1,0 +1,249 @@
+//! The dot product shared by the 32-value block types (Q8_0, Q4_0, Q5_0)
+//! against [`ActFormat::Block32`](super::q8_act::ActFormat) activations.
+//!
+//! Each block is an f16 scale (bytes 0..2) and 32 signed integer values. Block
+//! `b` contributes `fma(dw * da, isum_b, lane[b % 8])`, where `isum_b` is the
+//! exact int32 dot of the block's integers; lanes are then reduced with
+//! [`tree8`]. The scalar and AVX2 paths do exactly these float operations, so
+//! they agree bit for bit.
+//!
+//! AVX2 takes blocks 8 at a time (the 8 integer dots transposed into one
+//! vector, one fused multiply-add for 8 lanes), then a half group of 4, then
+//! single blocks. Q8_0 values use the `maddubs` sign trick; Q4_0/Q5_0 values
+//! are multiplied as unsigned `u = q + OFFSET` and `OFFSET * sum(a)` is taken
+//! off using the activation block sums, which is the same integer.
+
+use super::q8_act::ActRow;
+use super::{arr, f16_le};
+use crate::simd::tree8;
+
+/// A 32-value block type with an f16 scale in bytes 0..2.
+pub(crate) trait Block32 {
+    /// Bytes per block.
+    const BYTES: usize;
+
+    /// The block's 32 signed integer values (scalar reference decode).
+    /// `block` is exactly `BYTES` long.
+    fn values(block: &[u8]) -> [i8; 32];
+
+    /// 0 when the values span the signed byte range (dotted with the sign
+    /// trick); else the values are `u - OFFSET` with `0 <= u < 32`, and SIMD
+    /// code multiplies the unsigned `u` and subtracts `OFFSET * sum(a)`.
+    const OFFSET: i32;
+
+    /// The block at `p` as 32 bytes: the signed values when `OFFSET == 0`,
+    /// else the unsigned `u = value + OFFSET`.
+    ///
+    /// # Safety
+    /// AVX2 must be available and `p..p + BYTES` readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i;
+}
+
+/// Scalar reference: dot of one weight row (whole blocks of `B`) with one
+/// quantized activation row.
+pub(crate) fn dot_scalar<B: Block32>(w: &[u8], a: ActRow<'_>) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (b, ((block, aq), &da)) in w
+        .chunks_exact(B::BYTES)
+        .zip(a.qs.chunks_exact(32))
+        .zip(a.d)
+        .enumerate()
+    {
+        let dw = f16_le(*arr::<2>(block));
+        let isum: i32 = B::values(block)
+            .iter()
+            .zip(aq)
+            .map(|(&q, &y)| q as i32 * y as i32)
+            .sum();
+        let lane = &mut lanes[b % 8];
+        *lane = (dw * da).mul_add(isum as f32, *lane);
+    }
+    tree8(&lanes)
+}
+
+/// Scalar: `out[r] = dot(row r of w, a)` for each of `out.len()` rows.
+pub(crate) fn rows_scalar<B: Block32>(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
+    for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        *o = dot_scalar::<B>(row, a);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use super::Block32;
+    use crate::quant::q8_act::ActRow;
+    use crate::simd::avx2::*;
+    use std::arch::x86_64::*;
+
+    /// The 8 int32 partial dots of the block at `w` with the 32 values at
+    /// `a`; for `OFFSET != 0` types, of `u = value + OFFSET` (see
+    /// [`offset_fix`]).
+    ///
+    /// # Safety
+    /// AVX2 available; `w..w + BYTES` and `a..a + 32` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_dot<B: Block32>(w: *const u8, a: *const i8) -> __m256i {
+        let a = load_256(a.cast());
+        if B::OFFSET == 0 {
+            dot_i8_i8(B::values_avx2(w), a)
+        } else {
+            // u < 32: pair sums stay below 2 * 31 * 127.
+            _mm256_madd_epi16(dot_u8_i8_pairs(B::values_avx2(w), a), _mm256_set1_epi16(1))
+        }
+    }
+
+    /// Block sums of [`block_dot`] minus `OFFSET * sum(a)`: the exact dots of
+    /// the values. `asum` holds the activation block sums (as int32).
+    ///
+    /// # Safety
+    /// AVX2 available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn offset_fix<B: Block32>(isum: __m256i, asum: __m256i) -> __m256i {
+        if B::OFFSET == 0 {
+            isum
+        } else {
+            _mm256_sub_epi32(isum, _mm256_mullo_epi32(asum, _mm256_set1_epi32(B::OFFSET)))
+        }
+    }
+
+    /// Dot of one weight row (`nb` blocks at `w`) with one activation row
+    /// (`nb * 32` values at `qs`, `nb` scales at `d`, `nb` block sums at
+    /// `bs`). Blocks go 8 at a time, block `b` into lane `b % 8`:
+    /// bit-identical to [`super::dot_scalar`].
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; the pointers cover `nb` blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot<B: Block32>(
+        w: *const u8,
+        qs: *const i8,
+        d: *const f32,
+        bs: *const i16,
+        nb: usize,
+    ) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut b = 0;
+        while b + 8 <= nb {
+            let wp = w.add(b * B::BYTES);
+            let ap = qs.add(b * 32);
+            let isum = transpose_sum_8(
+                block_dot::<B>(wp, ap),
+                block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
+                block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
+                block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
+                block_dot::<B>(wp.add(4 * B::BYTES), ap.add(128)),
+                block_dot::<B>(wp.add(5 * B::BYTES), ap.add(160)),
+                block_dot::<B>(wp.add(6 * B::BYTES), ap.add(192)),
+                block_dot::<B>(wp.add(7 * B::BYTES), ap.add(224)),
+            );
+            let isum = offset_fix::<B>(isum, _mm256_cvtepi16_epi32(load_128(bs.add(b).cast())));
+            let dw = _mm256_cvtph_ps(_mm_setr_epi16(
+                read_u16(wp) as i16,
+                read_u16(wp.add(B::BYTES)) as i16,
+                read_u16(wp.add(2 * B::BYTES)) as i16,
+                read_u16(wp.add(3 * B::BYTES)) as i16,
+                read_u16(wp.add(4 * B::BYTES)) as i16,
+                read_u16(wp.add(5 * B::BYTES)) as i16,
+                read_u16(wp.add(6 * B::BYTES)) as i16,
+                read_u16(wp.add(7 * B::BYTES)) as i16,
+            ));
+            let scale = _mm256_mul_ps(dw, load_ps(d.add(b)));
+            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc);
+            b += 8;
+        }
+        if b + 4 <= nb {
+            // A half group: blocks b..b+4 into lanes 0..4; lanes 4..8 keep
+            // their value.
+            let wp = w.add(b * B::BYTES);
+            let ap = qs.add(b * 32);
+            let h01 = _mm256_hadd_epi32(
+                block_dot::<B>(wp, ap),
+                block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
+            );
+            let h23 = _mm256_hadd_epi32(
+                block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
+                block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
+            );
+            let h = _mm256_hadd_epi32(h01, h23);
+            let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let isum = _mm256_castsi256_si128(offset_fix::<B>(
+                _mm256_castsi128_si256(isum),
+                _mm256_setr_epi32(
+                    *bs.add(b) as i32,
+                    *bs.add(b + 1) as i32,
+                    *bs.add(b + 2) as i32,
+                    *bs.add(b + 3) as i32,
+                    0,
+                    0,
+                    0,
+                    0,
+                ),
+            ));
+            let dw = _mm_cvtph_ps(_mm_setr_epi16(
+                read_u16(wp) as i16,
+                read_u16(wp.add(B::BYTES)) as i16,
+                read_u16(wp.add(2 * B::BYTES)) as i16,
+                read_u16(wp.add(3 * B::BYTES)) as i16,
+                0,
+                0,
+                0,
+                0,
+            ));
+            let da = _mm_castsi128_ps(load_128(d.add(b).cast()));
+            let low = _mm_fmadd_ps(
+                _mm_mul_ps(dw, da),
+                _mm_cvtepi32_ps(isum),
+                _mm256_castps256_ps128(acc),
+            );
+            acc = _mm256_insertf128_ps(acc, low, 0);
+            b += 4;
+        }
+        if b < nb {
+            // The last 1..3 blocks, one at a time into lanes 4.., with the
+            // same float operations.
+            let mut lanes = lanes_ps(acc);
+            let mut lane = if nb % 8 >= 4 { 4 } else { 0 };
+            while b < nb {
+                let wp = w.add(b * B::BYTES);
+                let isum =
+                    hsum_i32(block_dot::<B>(wp, qs.add(b * 32))) - B::OFFSET * *bs.add(b) as i32;
+                let dw = half_to_f32(read_u16(wp));
+                crate::quant::fold_scaled(&mut lanes[lane], dw, *d.add(b), isum);
+                lane += 1;
+                b += 1;
+            }
+            return crate::simd::tree8(&lanes);
+        }
+        tree8_ps(acc)
+    }
+
+    /// AVX2: `out[r] = dot(row r of w, a)` for each of `out.len()` rows.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn rows<B: Block32>(
+        w: &[u8],
+        row_bytes: usize,
+        a: ActRow<'_>,
+        out: &mut [f32],
+    ) {
+        let nb = a.d.len();
+        assert!(
+            row_bytes == nb * B::BYTES
+                && a.qs.len() == nb * 32
+                && a.bsums.len() == nb
+                && w.len() >= out.len() * row_bytes,
+            "block32 kernel: inconsistent shapes"
+        );
+        let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
+        for (r, o) in out.iter_mut().enumerate() {
+            // In bounds: checked above.
+            *o = dot::<B>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Q4_K: super-blocks of 256 values in 8 sub-blocks of 32.
+//!
+//! Layout (144 bytes): f16 `d`, f16 `dmin`, 12 bytes of packed 6-bit scales and
+//! mins (see [`k_scales_mins`]), 128 bytes of 4-bit values. Values come in 4
+//! chunks of 64: chunk `c` is bytes `32c..32c+32` of the values, whose low
+//! nibbles are sub-block `2c` and high nibbles sub-block `2c+1`. Value `q` of
+//! sub-block `j` stands for `d * scale[j] * q - dmin * min[j]`.
+
+use super::q8_act::ActRow;
+use super::{arr, f16_le, fold_scaled_min, k_mins_dot, k_scales_mins};
+use crate::simd::tree8;
+
+/// Bytes per super-block.
+pub const BLOCK_BYTES: usize = 144;
+
+/// Scalar reference dequantization; `src` is whole super-blocks, `dst` 256
+/// values per super-block.
+pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(256)) {
+        let d = f16_le(*arr::<2>(block));
+        let dmin = f16_le(*arr::<2>(&block[2..]));
+        let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
+        let qs = &block[16..144];
+        for c in 0..4 {
+            let (d_lo, m_lo) = (d * sc[2 * c] as f32, dmin * mn[2 * c] as f32);
+            let (d_hi, m_hi) = (d * sc[2 * c + 1] as f32, dmin * mn[2 * c + 1] as f32);
+            for l in 0..32 {
+                let q = qs[32 * c + l];
+                out[64 * c + l] = d_lo * (q & 0x0F) as f32 - m_lo;
+                out[64 * c + 32 + l] = d_hi * (q >> 4) as f32 - m_hi;
+            }
+        }
+    }
+}
+
+/// The exact integer parts of one super-block's dot with 256 activation
+/// values: `(sum_j scale[j] * dot_j, sum_j min[j] * asum_j)`.
+fn int_dot(block: &[u8], aq: &[i8], bsums: &[i16]) -> (i32, i32) {
+    let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
+    let qs = &block[16..144];
+    let mut isum = 0i32;
+    for c in 0..4 {
+        let q = &qs[32 * c..32 * c + 32];
+        let mut lo = 0i32;
+        let mut hi = 0i32;
+        for l in 0..32 {
+            lo += (q[l] & 0x0F) as i32 * aq[64 * c + l] as i32;
+            hi += (q[l] >> 4) as i32 * aq[64 * c + 32 + l] as i32;
+        }
+        isum += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
+    }
+    (isum, k_mins_dot(&mn, bsums))
+}
+
+/// Scalar reference: dot of one weight row with one `Block256` activation
+/// row. Super-block `s` folds into lane `s % 8`.
+pub(crate) fn dot_scalar(w: &[u8], a: ActRow<'_>) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (s, ((block, aq), (&da, bs))) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.qs.chunks_exact(256))
+        .zip(a.d.iter().zip(a.bsums.chunks_exact(16)))
+        .enumerate()
+    {
+        let d = f16_le(*arr::<2>(block));
+        let dmin = f16_le(*arr::<2>(&block[2..]));
+        let (isum, imin) = int_dot(block, aq, bs);
+        fold_scaled_min(&mut lanes[s % 8], d, dmin, da, isum, imin);
+    }
+    tree8(&lanes)
+}
+
+/// Scalar: `out[r] = dot(row r of w, a)`.
+pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
+    for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        *o = dot_scalar(row, a);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use super::BLOCK_BYTES;
+    use crate::quant::q8_act::ActRow;
+    use crate::quant::{arr, f16_le, fold_scaled_min, k_mins_dot, k_scales_mins};
+    use crate::simd::avx2::*;
+    use crate::simd::tree8;
+    use std::arch::x86_64::*;
+
+    /// `sum_j scale[j] * dot_j` of the super-block at `bp` with the 256
+    /// values at `aq`, exact.
+    ///
+    /// # Safety
+    /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn int_dot(bp: *const u8, sc: &[u8; 8], aq: *const i8) -> i32 {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = load_256(bp.add(16 + 32 * c));
+            let lo = _mm256_and_si256(q, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            let y_lo = load_256(aq.add(64 * c).cast());
+            let y_hi = load_256(aq.add(64 * c + 32).cast());
+            let p_lo = _mm256_madd_epi16(
+                dot_u8_i8_pairs(lo, y_lo),
+                _mm256_set1_epi16(sc[2 * c] as i16),
+            );
+            let p_hi = _mm256_madd_epi16(
+                dot_u8_i8_pairs(hi, y_hi),
+                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+            );
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p_lo, p_hi));
+        }
+        hsum_i32(acc)
+    }
+
+    /// AVX2 dot of one row; bit-identical to [`super::dot_scalar`].
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `w` is `a.d.len()` super-blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot(w: &[u8], a: ActRow<'_>) -> f32 {
+        let mut lanes = [0.0f32; 8];
+        for (s, ((block, aq), (&da, bs))) in w
+            .chunks_exact(BLOCK_BYTES)
+            .zip(a.qs.chunks_exact(256))
+            .zip(a.d.iter().zip(a.bsums.chunks_exact(16)))
+            .enumerate()
+        {
+            let d = f16_le(*arr::<2>(block));
+            let dmin = f16_le(*arr::<2>(&block[2..]));
+            let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
+            let isum = int_dot(block.as_ptr(), &sc, aq.as_ptr());
+            let imin = k_mins_dot(&mn, bs);
+            fold_scaled_min(&mut lanes[s % 8], d, dmin, da, isum, imin);
+        }
+        tree8(&lanes)
+    }
+
+    /// AVX2: `out[r] = dot(row r of w, a)`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn rows(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
+        let nb = a.d.len();
+        assert!(
+            row_bytes == nb * BLOCK_BYTES
+                && a.qs.len() == nb * 256
+                && a.bsums.len() == nb * 16
+                && w.len() >= out.len() * row_bytes,
+            "Q4_K kernel: inconsistent shapes"
+        );
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot(row, a);
+        }
+    }
+}

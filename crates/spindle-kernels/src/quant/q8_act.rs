@@ -1,0 +1,294 @@
+//! Activation quantization: f32 rows to symmetric int8 blocks, the right-hand
+//! side of every quantized matmul.
+//!
+//! Two formats:
+//!
+//! * [`ActFormat::Block32`] (for Q8_0, Q4_0, Q5_0 weights): blocks of 32 values,
+//!   one f32 scale each (like ggml's Q8_0, with an f32 scale), plus each
+//!   block's sum of quantized values.
+//! * [`ActFormat::Block256`] (for the K types): blocks of 256 values, one f32
+//!   scale each, plus the sum of each run of 16 quantized values (like ggml's
+//!   Q8_K).
+//!
+//! A block with largest magnitude `amax` gets scale `d = amax / 127` and values
+//! `q = round_ties_even(x * 127 / amax)`, always in `-127..=127` (never -128,
+//! which the AVX2 sign trick relies on). The layout is struct-of-arrays: all
+//! quantized values of a row are contiguous, then the scales, then the sums.
+
+use crate::error::KernelError;
+use crate::simd::{detected_isa, Isa};
+use spindle_formats::GgmlType;
+
+/// The block shape activations are quantized to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ActFormat {
+    /// 32 values per f32 scale.
+    #[default]
+    Block32,
+    /// 256 values per f32 scale, with per-16 sums.
+    Block256,
+}
+
+impl ActFormat {
+    /// Values per scale.
+    pub fn block_len(self) -> usize {
+        match self {
+            ActFormat::Block32 => 32,
+            ActFormat::Block256 => 256,
+        }
+    }
+
+    /// Values per entry of [`ActRow::bsums`].
+    pub fn sum_len(self) -> usize {
+        match self {
+            ActFormat::Block32 => 32,
+            ActFormat::Block256 => 16,
+        }
+    }
+
+    /// The activation format quantized weights of type `ty` are multiplied
+    /// with, or `None` for float weights (which use f32 activations).
+    pub fn for_weights(ty: GgmlType) -> Option<ActFormat> {
+        match ty {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Some(ActFormat::Block32),
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(ActFormat::Block256),
+        }
+    }
+}
+
+/// One quantized activation row, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct ActRow<'a> {
+    /// `cols` quantized values.
+    pub qs: &'a [i8],
+    /// One scale per block.
+    pub d: &'a [f32],
+    /// Sums of runs of quantized values: of each 32-value block for
+    /// `Block32` (`cols / 32`), of each run of 16 values for `Block256`
+    /// (`cols / 16`).
+    pub bsums: &'a [i16],
+}
+
+/// A batch of quantized activation rows. Reusable: `quantize` keeps the
+/// buffers, so repeated calls with the same or smaller shapes do not allocate.
+#[derive(Debug, Default, Clone)]
+pub struct QuantizedActs {
+    format: ActFormat,
+    n: usize,
+    cols: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    bsums: Vec<i16>,
+}
+
+impl QuantizedActs {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantizes `n` rows of `cols` values (`x` is row-major, `n * cols`
+    /// long). `cols` must be a multiple of the format's block length.
+    pub fn quantize(
+        &mut self,
+        format: ActFormat,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        self.quantize_with_isa(detected_isa(), format, x, n, cols)
+    }
+
+    /// [`quantize`](Self::quantize) on a chosen ISA (all ISAs give the same
+    /// bits); an ISA this CPU lacks is an error.
+    pub fn quantize_with_isa(
+        &mut self,
+        isa: Isa,
+        format: ActFormat,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        if !isa.is_available() {
+            return Err(KernelError::unsupported(format!("ISA {isa} on this CPU")));
+        }
+        let bl = format.block_len();
+        if !cols.is_multiple_of(bl) {
+            return Err(KernelError::NotBlockAligned {
+                what: "activation row".into(),
+                len: cols,
+                block_len: bl,
+            });
+        }
+        let total = n
+            .checked_mul(cols)
+            .ok_or_else(|| KernelError::unsupported("activation batch size overflows"))?;
+        if x.len() != total {
+            return Err(KernelError::size(
+                "activation values (n * cols)",
+                total,
+                x.len(),
+            ));
+        }
+        self.format = format;
+        self.n = n;
+        self.cols = cols;
+        self.qs.resize(total, 0);
+        self.d.resize(total / bl, 0.0);
+        self.bsums.resize(total / format.sum_len(), 0);
+
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 availability was checked above.
+            Isa::Avx2 => unsafe { avx2::quantize_blocks(x, &mut self.qs, &mut self.d, bl) },
+            _ => {
+                for ((xb, qb), d) in x
+                    .chunks_exact(bl)
+                    .zip(self.qs.chunks_exact_mut(bl))
+                    .zip(self.d.iter_mut())
+                {
+                    *d = quantize_block(xb, qb);
+                }
+            }
+        }
+        for (run, s) in self
+            .qs
+            .chunks_exact(format.sum_len())
+            .zip(self.bsums.iter_mut())
+        {
+            // At most 32 * 127 in magnitude.
+            *s = run.iter().map(|&q| q as i16).sum();
+        }
+        Ok(())
+    }
+
+    /// The format of the last `quantize`.
+    pub fn format(&self) -> ActFormat {
+        self.format
+    }
+
+    /// Rows in the batch.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `i`, or `None` when out of range.
+    pub fn row(&self, i: usize) -> Option<ActRow<'_>> {
+        if i >= self.n {
+            return None;
+        }
+        let bl = self.format.block_len();
+        let nb = self.cols / bl;
+        let ns = self.cols / self.format.sum_len();
+        Some(ActRow {
+            qs: &self.qs[i * self.cols..(i + 1) * self.cols],
+            d: &self.d[i * nb..(i + 1) * nb],
+            bsums: &self.bsums[i * ns..(i + 1) * ns],
+        })
+    }
+
+    /// The values row `i` stands for (`q * d`, in f32), for tests and
+    /// references.
+    pub fn dequantize_row(&self, i: usize, dst: &mut [f32]) -> Result<(), KernelError> {
+        let row = self
+            .row(i)
+            .ok_or_else(|| KernelError::size("activation row index (< n)", self.n, i))?;
+        if dst.len() != self.cols {
+            return Err(KernelError::size(
+                "dequantized activation row",
+                self.cols,
+                dst.len(),
+            ));
+        }
+        let bl = self.format.block_len();
+        for ((qb, &d), out) in row
+            .qs
+            .chunks_exact(bl)
+            .zip(row.d)
+            .zip(dst.chunks_exact_mut(bl))
+        {
+            for (&q, o) in qb.iter().zip(out) {
+                *o = q as f32 * d;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Quantizes one block, returning its scale (scalar reference).
+fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    // NaN values are ignored by `max`.
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let (d, id) = scales(amax);
+    for (&v, q) in x.iter().zip(q.iter_mut()) {
+        // NaN becomes 0 through the saturating cast; the clamp keeps -128 out.
+        *q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+/// The block scale `d` and its inverse multiplier for a block maximum.
+#[inline]
+fn scales(amax: f32) -> (f32, f32) {
+    let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    (amax / 127.0, id)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use crate::simd::avx2::load_ps;
+    use std::arch::x86_64::*;
+
+    /// AVX2 version of the scalar block loop, bit-identical to it: the same
+    /// maximum (exact), the same `x * id` products, ties-to-even rounding,
+    /// NaN to 0 and the same clamp.
+    ///
+    /// # Safety
+    /// AVX2 must be available; `bl` is a multiple of 32, `x.len() ==
+    /// q.len() == d.len() * bl`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], bl: usize) {
+        assert!(bl.is_multiple_of(32) && x.len() == q.len() && x.len() == d.len() * bl);
+        let sign = _mm256_set1_ps(-0.0);
+        let hi = _mm256_set1_ps(127.0);
+        let lo = _mm256_set1_ps(-127.0);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for ((xb, qb), d) in x.chunks_exact(bl).zip(q.chunks_exact_mut(bl)).zip(d) {
+            let xp = xb.as_ptr();
+            let mut m = _mm256_setzero_ps();
+            for k in (0..bl).step_by(8) {
+                // max(v, m) returns m when v is NaN: NaN is ignored.
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, load_ps(xp.add(k))), m);
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+            let (scale, id) = super::scales(amax);
+            *d = scale;
+            let idv = _mm256_set1_ps(id);
+            let qp = qb.as_mut_ptr();
+            for k in (0..bl).step_by(32) {
+                let mut ints = [_mm256_setzero_si256(); 4];
+                for (j, out) in ints.iter_mut().enumerate() {
+                    let v = _mm256_mul_ps(load_ps(xp.add(k + 8 * j)), idv);
+                    let r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+                    let r = _mm256_max_ps(_mm256_min_ps(r, hi), lo);
+                    *out = _mm256_cvtps_epi32(r);
+                }
+                // Saturating packs interleave the 128-bit halves; undo that.
+                let w01 = _mm256_packs_epi32(ints[0], ints[1]);
+                let w23 = _mm256_packs_epi32(ints[2], ints[3]);
+                let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+                // In bounds: `qb` has `bl` bytes and `k + 32 <= bl`.
+                _mm256_storeu_si256(qp.add(k).cast(), b);
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! matmul on every available ISA: against an f64 reference, batch invariance
+//! (bit-identical whatever n, the neighbouring rows and the thread count), and
+//! bit-identical scalar vs SIMD paths.
+
+mod common;
+
+use common::{random_acts, random_weights};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spindle_kernels::matmul::matmul_with_isa;
+use spindle_kernels::quant::q8_act::{ActFormat, QuantizedActs};
+use spindle_kernels::simd::{available_isas, detected_isa, Isa};
+use spindle_kernels::{dequantize, matmul, GgmlType, KernelError, ThreadPool, WeightView};
+
+/// Column counts to try per type: several block counts, including ones that
+/// are not a multiple of the 8 lanes (tails).
+fn col_cases(ty: GgmlType) -> &'static [usize] {
+    match ty.block_len() {
+        1 => &[1, 7, 31, 33, 100, 640],
+        32 => &[32, 96, 192, 224, 288, 416, 640],
+        _ => &[256, 768, 2304],
+    }
+}
+
+/// The activations the kernel actually multiplies with: quantized then
+/// dequantized for quantized weights, as given for float weights.
+fn effective_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Vec<f32> {
+    let Some(format) = ActFormat::for_weights(ty) else {
+        return x.to_vec();
+    };
+    let mut q = QuantizedActs::new();
+    q.quantize(format, x, n, cols).unwrap();
+    let mut out = vec![0.0f32; n * cols];
+    for (i, row) in out.chunks_exact_mut(cols).enumerate() {
+        q.dequantize_row(i, row).unwrap();
+    }
+    // Quantization error is at most half a step of the block's scale.
+    let bl = format.block_len();
+    for (xb, qb) in x.chunks_exact(bl).zip(out.chunks_exact(bl)) {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (a, b) in xb.iter().zip(qb) {
+            assert!((a - b).abs() <= 0.501 * amax / 127.0 + 1e-30, "{a} vs {b}");
+        }
+    }
+    out
+}
+
+/// Checks `got` (n x rows) against an f64 reference.
+fn check_reference(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    got: &[f32],
+    what: &str,
+) {
+    let mut wf = vec![0.0f32; rows * cols];
+    dequantize(ty, w, &mut wf).unwrap();
+    let a = effective_acts(ty, x, n, cols);
+    for i in 0..n {
+        let ar = &a[i * cols..(i + 1) * cols];
+        for r in 0..rows {
+            let wr = &wf[r * cols..(r + 1) * cols];
+            let wmax = wr.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
+            let mut dot = 0.0f64;
+            let mut scale = 0.0f64;
+            for (&wv, &av) in wr.iter().zip(ar) {
+                dot += wv as f64 * av as f64;
+                // f32 accumulation error, plus the rounding of the f32
+                // dequantized weights (K types subtract a min: up to wmax).
+                scale += (av as f64).abs() * ((wv as f64).abs() + wmax);
+            }
+            let g = got[i * rows + r] as f64;
+            let tol = 1e-5 * scale + 1e-30;
+            assert!(
+                (g - dot).abs() <= tol,
+                "{what}: {ty} {rows}x{cols} n={n} out[{i},{r}] = {g}, reference {dot} (tol {tol})"
+            );
+        }
+    }
+}
+
+fn run(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) -> Vec<f32> {
+    let view = WeightView::new(ty, rows, cols, w).unwrap();
+    let mut out = vec![f32::NAN; n * rows];
+    matmul_with_isa(isa, &view, x, n, &mut out, pool).unwrap();
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// Asserts equal bit patterns, reporting the first difference only.
+#[track_caller]
+fn assert_same(got: &[u32], want: &[u32], what: std::fmt::Arguments<'_>) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: element {i} differs: {:e} vs {:e}",
+            f32::from_bits(got[i]),
+            f32::from_bits(want[i])
+        );
+    }
+}
+
+#[test]
+fn matches_reference_on_every_isa() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for ty in GgmlType::ALL {
+        for &cols in col_cases(ty) {
+            for (rows, n) in [(1, 1), (3, 7), (7, 3), (17, 17), (5, 1)] {
+                let w = random_weights(&mut rng, ty, rows, cols);
+                let x = random_acts(&mut rng, n, cols);
+                let mut first: Option<Vec<u32>> = None;
+                for isa in available_isas() {
+                    for pool in &pools {
+                        let out = run(isa, ty, &w, rows, cols, &x, n, pool);
+                        check_reference(ty, &w, rows, cols, &x, n, &out, isa.name());
+                        // Every ISA and thread count gives the same bits.
+                        match &first {
+                            None => first = Some(bits(&out)),
+                            Some(f) => assert_same(
+                                &bits(&out),
+                                f,
+                                format_args!(
+                                    "{ty} {rows}x{cols} n={n}: {isa} with {} threads",
+                                    pool.n_threads()
+                                ),
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Shapes big enough that the pool really splits the rows.
+fn invariance_shape(ty: GgmlType) -> (usize, usize) {
+    match ty.block_len() {
+        1 => (257, 100),
+        32 => (257, 640),
+        _ => (131, 1024),
+    }
+}
+
+#[test]
+fn batch_and_thread_invariant_bit_identical() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let n = 16;
+    for ty in GgmlType::ALL {
+        let (rows, cols) = invariance_shape(ty);
+        let w = random_weights(&mut rng, ty, rows, cols);
+        let x = random_acts(&mut rng, n, cols);
+        let isas = available_isas();
+        let reference = bits(&run(isas[0], ty, &w, rows, cols, &x, n, &pools[0]));
+        for &isa in &isas {
+            for pool in &pools {
+                // The whole batch.
+                let full = run(isa, ty, &w, rows, cols, &x, n, pool);
+                assert_same(
+                    &bits(&full),
+                    &reference,
+                    format_args!("{ty} {isa} {} threads, n=16", pool.n_threads()),
+                );
+                // Each row alone.
+                for i in 0..n {
+                    let one = run(
+                        isa,
+                        ty,
+                        &w,
+                        rows,
+                        cols,
+                        &x[i * cols..(i + 1) * cols],
+                        1,
+                        pool,
+                    );
+                    assert_same(
+                        &bits(&one),
+                        &reference[i * rows..(i + 1) * rows],
+                        format_args!("{ty} {isa} {} threads: row {i} alone", pool.n_threads()),
+                    );
+                }
+                // A slice of 5 rows, and the same rows among other neighbours.
+                let five = run(isa, ty, &w, rows, cols, &x[3 * cols..8 * cols], 5, pool);
+                assert_same(
+                    &bits(&five),
+                    &reference[3 * rows..8 * rows],
+                    format_args!("{ty} {isa}: rows 3..8"),
+                );
+                let mut mixed = random_acts(&mut rng, 7, cols);
+                mixed[2 * cols..3 * cols].copy_from_slice(&x[5 * cols..6 * cols]);
+                let m = run(isa, ty, &w, rows, cols, &mixed, 7, pool);
+                assert_same(
+                    &bits(&m[2 * rows..3 * rows]),
+                    &reference[5 * rows..6 * rows],
+                    format_args!("{ty} {isa}: row 5 among other rows"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn default_isa_is_available_and_used() {
+    assert!(detected_isa().is_available());
+    let mut rng = StdRng::seed_from_u64(3);
+    let pool = ThreadPool::new(2);
+    let (rows, cols, n) = (9, 64, 2);
+    let w = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
+    let x = random_acts(&mut rng, n, cols);
+    let view = WeightView::new(GgmlType::Q8_0, rows, cols, &w).unwrap();
+    let mut out = vec![0.0; n * rows];
+    matmul(&view, &x, n, &mut out, &pool).unwrap();
+    let again = run(detected_isa(), GgmlType::Q8_0, &w, rows, cols, &x, n, &pool);
+    assert_same(
+        &bits(&out),
+        &bits(&again),
+        format_args!("matmul vs matmul_with_isa"),
+    );
+}
+
+#[test]
+fn size_errors_not_panics() {
+    let pool = ThreadPool::new(2);
+    let w = vec![0u8; 3 * 34];
+    // Not whole blocks.
+    assert!(matches!(
+        WeightView::new(GgmlType::Q8_0, 3, 33, &w),
+        Err(KernelError::NotBlockAligned { .. })
+    ));
+    // Wrong byte count.
+    assert!(matches!(
+        WeightView::new(GgmlType::Q8_0, 4, 32, &w),
+        Err(KernelError::SizeMismatch { .. })
+    ));
+    let view = WeightView::new(GgmlType::Q8_0, 3, 32, &w).unwrap();
+    assert_eq!(view.row_bytes(), 34);
+    let x = vec![0.0f32; 2 * 32];
+    let mut out = vec![0.0f32; 2 * 3];
+    assert!(matches!(
+        matmul(&view, &x[..63], 2, &mut out, &pool),
+        Err(KernelError::SizeMismatch { .. })
+    ));
+    assert!(matches!(
+        matmul(&view, &x, 2, &mut out[..5], &pool),
+        Err(KernelError::SizeMismatch { .. })
+    ));
+    // A hand-built view with bad sizes is rejected by matmul too.
+    let bad = WeightView {
+        ty: GgmlType::Q8_0,
+        rows: 5,
+        cols: 32,
+        data: &w,
+    };
+    let mut out5 = vec![0.0f32; 2 * 5];
+    assert!(matmul(&bad, &x, 2, &mut out5, &pool).is_err());
+    // n = 0 is fine.
+    matmul(&view, &[], 0, &mut [], &pool).unwrap();
+    // Zero weights give zeros, also with NaN-free zero activations.
+    matmul(&view, &x, 2, &mut out, &pool).unwrap();
+    assert!(out.iter().all(|&v| v == 0.0));
+}

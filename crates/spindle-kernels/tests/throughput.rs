@@ -1,0 +1,149 @@
+//! Manual throughput check, not a timed test:
+//!
+//! ```text
+//! cargo test -p spindle-kernels --test throughput -- --ignored --nocapture
+//! ```
+//!
+//! Prints GB/s of weights streamed for decode-shaped (n = 1) matvecs, Gemma 3
+//! 270M's output head first, and GMAC/s for a few prefill-shaped ones.
+
+mod common;
+
+use common::{random_acts, random_weights};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spindle_kernels::matmul::matmul_with_isa;
+use spindle_kernels::simd::detected_isa;
+use spindle_kernels::{GgmlType, ThreadPool, WeightView};
+use std::time::Instant;
+
+fn bench(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: usize, min_secs: f64) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let w = random_weights(&mut rng, ty, rows, cols);
+    let x = random_acts(&mut rng, n, cols);
+    let view = WeightView::new(ty, rows, cols, &w).unwrap();
+    let mut out = vec![0.0f32; n * rows];
+    let isa = detected_isa();
+    for _ in 0..2 {
+        matmul_with_isa(isa, &view, &x, n, &mut out, pool).unwrap();
+    }
+    // Best single call: the machine may be shared, and the best call is the
+    // closest to what the kernel does on a quiet one.
+    let start = Instant::now();
+    let mut iters = 0u32;
+    let mut best = f64::MAX;
+    while iters < 5 || start.elapsed().as_secs_f64() < min_secs {
+        let t = Instant::now();
+        matmul_with_isa(isa, &view, &x, n, &mut out, pool).unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+        iters += 1;
+    }
+    let mean = start.elapsed().as_secs_f64() / iters as f64;
+    let gbs = w.len() as f64 / best / 1e9;
+    let gmacs = (rows * cols * n) as f64 / best / 1e9;
+    println!(
+        "{isa} {threads}t {ty:>5} {rows:>6}x{cols:<5} n={n:<4} best {ms:8.3} ms (mean {mean_ms:8.3})  {gbs:6.2} GB/s  {gmacs:7.2} GMAC/s",
+        threads = pool.n_threads(),
+        ms = best * 1e3,
+        mean_ms = mean * 1e3,
+    );
+}
+
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn matvec_throughput() {
+    let pool = ThreadPool::new(2);
+    // Gemma 3 270M tied output head, Q8_0, 171.5 MiB.
+    bench(&pool, GgmlType::Q8_0, 262_144, 640, 1, 3.0);
+    let one = ThreadPool::new(1);
+    bench(&one, GgmlType::Q8_0, 262_144, 640, 1, 2.0);
+    for (ty, rows, cols) in [
+        (GgmlType::Q5_0, 1024, 640),
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+        (GgmlType::Q4_K, 640, 1024),
+        (GgmlType::Q8_0, 256, 640),
+        (GgmlType::F32, 2048, 640),
+    ] {
+        bench(&pool, ty, rows, cols, 1, 0.5);
+        bench(&one, ty, rows, cols, 1, 0.5);
+    }
+    for (ty, rows, cols) in [
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+        (GgmlType::Q8_0, 2048, 640),
+    ] {
+        bench(&pool, ty, rows, cols, 64, 0.5);
+    }
+}
+
+/// GB/s of a plain read of `data` split over the pool's threads: the memory
+/// bandwidth the kernels can hope for on this machine right now.
+fn read_baseline(pool: &ThreadPool, data: &[u8]) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let sink = AtomicU64::new(0);
+    let mut best = f64::MAX;
+    for _ in 0..10 {
+        let start = Instant::now();
+        pool.run(&|t, nt| {
+            let chunk = data.len() / nt;
+            let part = &data[t * chunk..(t + 1) * chunk];
+            let mut acc = [0u64; 8];
+            for c in part.chunks_exact(64) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a ^= u64::from_le_bytes(c[8 * j..8 * j + 8].try_into().unwrap());
+                }
+            }
+            sink.fetch_xor(acc.iter().fold(0, |x, y| x ^ y), Ordering::Relaxed);
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    data.len() as f64 / best / 1e9
+}
+
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn matvec_head_only() {
+    // Gemma 3 270M tied output head, Q8_0, 171.5 MiB, 2 then 1 threads,
+    // each beside a plain read of the same bytes.
+    let mut rng = StdRng::seed_from_u64(1);
+    let w = random_weights(&mut rng, GgmlType::Q8_0, 262_144, 640);
+    for threads in [2, 1, 2] {
+        let pool = ThreadPool::new(threads);
+        println!(
+            "plain read, {threads}t: {:.2} GB/s",
+            read_baseline(&pool, &w)
+        );
+        bench(&pool, GgmlType::Q8_0, 262_144, 640, 1, 3.0);
+    }
+}
+
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn kernels_in_cache() {
+    // Small enough to stay in L2: the kernels' compute speed, one thread.
+    let one = ThreadPool::new(1);
+    for (ty, rows, cols) in [
+        (GgmlType::Q8_0, 256, 640),
+        (GgmlType::Q4_0, 256, 640),
+        (GgmlType::Q5_0, 256, 640),
+        (GgmlType::Q8_0, 256, 512),
+        (GgmlType::Q4_K, 128, 1024),
+        (GgmlType::Q5_K, 128, 1024),
+        (GgmlType::Q6_K, 128, 1024),
+        (GgmlType::F32, 64, 640),
+        (GgmlType::F16, 64, 640),
+    ] {
+        bench(&one, ty, rows, cols, 1, 0.3);
+    }
+    for (ty, rows, cols) in [
+        (GgmlType::Q8_0, 256, 640),
+        (GgmlType::Q5_0, 256, 640),
+        (GgmlType::Q4_K, 128, 1024),
+        (GgmlType::Q6_K, 128, 1024),
+    ] {
+        bench(&one, ty, rows, cols, 16, 0.3);
+    }
+}

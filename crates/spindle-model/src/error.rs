@@ -1,0 +1,30 @@
+//! Errors of model loading and of a pass.
+
+use spindle_formats::FormatError;
+use spindle_kernels::KernelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("unsupported architecture '{0}': Spindle runs llama, mistral, qwen2, qwen3, gemma2 and gemma3 models")]
+    UnsupportedArchitecture(String),
+    #[error("model metadata is missing '{0}': the file was not written by a known converter")]
+    MissingMetadata(String),
+    #[error("model tensor '{name}' is missing: the file is incomplete or not a {arch} model")]
+    MissingTensor { name: String, arch: String },
+    #[error("tensor '{name}' has shape {got:?}, expected {want:?}: the file does not match its own metadata")]
+    BadShape { name: String, got: Vec<usize>, want: Vec<usize> },
+    #[error("{0}")]
+    InvalidBatch(String),
+    #[error("sequence {seq} would reach {len} tokens, past the context of {ctx}: shorten the prompt or raise --ctx")]
+    ContextFull { seq: usize, len: usize, ctx: usize },
+    #[error("'{path}' is neither a GGUF file nor a Hugging Face model directory (config.json + *.safetensors)")]
+    NotAModel { path: String },
+    #[error("cannot open '{path}': {reason}")]
+    Open { path: String, reason: String },
+}

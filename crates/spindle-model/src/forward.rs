@@ -1,0 +1,286 @@
+//! The decoder: one pass of a `Batch` through every layer, top to bottom.
+
+use spindle_kernels::activation::{gated, soft_cap};
+use spindle_kernels::attention::{attend_head, HeadQuery, KvElem, KvRows};
+use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
+use spindle_kernels::rope::RopeTable;
+use spindle_kernels::{matmul, ThreadPool};
+
+use crate::batch::Batch;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_cache::{KvBuf, KvCache, KvType};
+use crate::parallel::{for_each_task, DisjointChunks};
+use crate::weights::{Matrix, Weights};
+
+/// A model ready to run: configuration, weights, rope tables, threads.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    /// One rope table per layer (bases differ between sliding and global layers).
+    ropes: Vec<RopeTable>,
+    pool: ThreadPool,
+}
+
+/// Logits of the rows of a pass that asked for them.
+#[derive(Debug, Clone)]
+pub struct Logits {
+    pub vocab: usize,
+    /// Batch row index of each stored row, in batch order.
+    pub rows: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    /// The logits of batch row `row`, if it asked for them.
+    pub fn row(&self, row: usize) -> Option<&[f32]> {
+        let i = self.rows.iter().position(|&r| r == row)?;
+        Some(&self.data[i * self.vocab..(i + 1) * self.vocab])
+    }
+}
+
+/// Per-row facts of a validated batch.
+struct RowPlan {
+    /// Committed length of the row's sequence.
+    ctx_len: usize,
+    /// Batch rows the row attends to (ancestors root first, then itself).
+    path: Vec<usize>,
+}
+
+impl Model {
+    pub fn new(config: ModelConfig, weights: Weights, n_threads: usize) -> Self {
+        let factors = weights.rope_freqs.clone().or_else(|| config.llama3_freq_factors());
+        let linear = match config.rope_scaling {
+            crate::config::RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        };
+        let ropes = (0..config.n_layers)
+            .map(|l| {
+                let sliding = config.layer_sliding[l];
+                // Gemma 3 scales only its global layers.
+                let scale = if sliding { 1.0 } else { linear };
+                RopeTable::new(config.rope_style, config.layer_rope_base(l), config.head_dim, factors.as_deref(), scale)
+            })
+            .collect();
+        Model { config, weights, ropes, pool: ThreadPool::new(n_threads.max(1)) }
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// A KV cache for this model holding sequences of up to `max_len` tokens.
+    pub fn new_kv_cache(&self, ty: KvType, max_len: usize) -> KvCache {
+        KvCache::new(ty, self.config.n_layers, self.config.kv_dim(), max_len)
+    }
+
+    /// The KV type that keeps this model's accuracy: f32 for float32 weights
+    /// (reference models), f16 otherwise.
+    pub fn default_kv_type(&self) -> KvType {
+        if self.weights.layers.first().is_some_and(|l| l.wq.ty == spindle_formats::GgmlType::F32) {
+            KvType::F32
+        } else {
+            KvType::F16
+        }
+    }
+
+    fn plan(&self, batch: &Batch, kv: &KvCache) -> Result<Vec<RowPlan>, ModelError> {
+        let invalid = |m: String| Err(ModelError::InvalidBatch(m));
+        let mut plans = Vec::with_capacity(batch.len());
+        for (i, row) in batch.rows.iter().enumerate() {
+            let Some(seq) = kv.seq(row.seq) else {
+                return invalid(format!("row {i}: sequence {} does not exist", row.seq));
+            };
+            if row.token as usize >= self.config.vocab_size {
+                return invalid(format!(
+                    "row {i}: token {} is outside the vocabulary of {}",
+                    row.token, self.config.vocab_size
+                ));
+            }
+            let want_pos = match row.parent {
+                None => seq.len,
+                Some(p) if p < i && batch.rows[p].seq == row.seq => batch.rows[p].pos + 1,
+                Some(p) => return invalid(format!("row {i}: parent {p} is not an earlier row of sequence {}", row.seq)),
+            };
+            if row.pos != want_pos {
+                return invalid(format!("row {i}: position {} should be {want_pos}", row.pos));
+            }
+            if row.pos >= kv.max_len() {
+                return Err(ModelError::ContextFull { seq: row.seq, len: row.pos + 1, ctx: kv.max_len() });
+            }
+            plans.push(RowPlan { ctx_len: seq.len, path: batch.path(i) });
+        }
+        Ok(plans)
+    }
+
+    /// Runs a batch through the model. Writes every row's K/V into the cache's
+    /// scratch (see [`KvCache::commit`]) and returns logits for the rows that
+    /// asked for them.
+    pub fn forward(&self, batch: &Batch, kv: &mut KvCache) -> Result<Logits, ModelError> {
+        let cfg = &self.config;
+        let plans = self.plan(batch, kv)?;
+        let n = batch.len();
+        let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let w = &self.weights;
+
+        // Embeddings.
+        let mut h = vec![0.0f32; n * e];
+        let row_bytes = w.embed.data.len() / w.embed.rows;
+        for (i, row) in batch.rows.iter().enumerate() {
+            let t = row.token as usize;
+            spindle_kernels::dequantize(
+                w.embed.ty,
+                &w.embed.data[t * row_bytes..(t + 1) * row_bytes],
+                &mut h[i * e..(i + 1) * e],
+            )?;
+        }
+        if cfg.spec.embed_scale {
+            let s = (e as f32).sqrt();
+            h.iter_mut().for_each(|v| *v *= s);
+        }
+
+        kv.scratch.rows = batch.rows.iter().map(|r| (r.seq, r.pos)).collect();
+        let mut xn = vec![0.0f32; n * e];
+        let mut q = vec![0.0f32; n * qd];
+        let mut k = vec![0.0f32; n * kvd];
+        let mut v = vec![0.0f32; n * kvd];
+        let mut attn = vec![0.0f32; n * qd];
+        let mut o = vec![0.0f32; n * e];
+        let mut gate = vec![0.0f32; n * cfg.n_ff];
+        let mut up = vec![0.0f32; n * cfg.n_ff];
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            norm_rows(&h, &lw.attn_norm, cfg.rms_eps, &mut xn, e);
+            self.matmul(&lw.wq, &xn, n, &mut q)?;
+            self.matmul(&lw.wk, &xn, n, &mut k)?;
+            self.matmul(&lw.wv, &xn, n, &mut v)?;
+            add_bias(&mut q, lw.bq.as_deref());
+            add_bias(&mut k, lw.bk.as_deref());
+            add_bias(&mut v, lw.bv.as_deref());
+            if let Some(qn) = &lw.q_norm {
+                q.chunks_exact_mut(hd).for_each(|head| rms_norm_inplace(head, qn, cfg.rms_eps));
+            }
+            if let Some(kn) = &lw.k_norm {
+                k.chunks_exact_mut(hd).for_each(|head| rms_norm_inplace(head, kn, cfg.rms_eps));
+            }
+            for (i, row) in batch.rows.iter().enumerate() {
+                self.ropes[l].apply(&mut q[i * qd..(i + 1) * qd], hd, row.pos);
+                self.ropes[l].apply(&mut k[i * kvd..(i + 1) * kvd], hd, row.pos);
+            }
+            let scratch = &mut kv.scratch.layers[l];
+            scratch.k.resize(n * kvd);
+            scratch.v.resize(n * kvd);
+            scratch.k.write(0, &k);
+            scratch.v.write(0, &v);
+            self.attention(l, batch, &plans, kv, &q, &mut attn);
+            self.matmul(&lw.wo, &attn, n, &mut o)?;
+            if let Some(pn) = &lw.post_attn_norm {
+                o.chunks_exact_mut(e).for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
+            }
+            h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+
+            // Feed-forward block.
+            norm_rows(&h, &lw.ffn_norm, cfg.rms_eps, &mut xn, e);
+            self.matmul(&lw.w_gate, &xn, n, &mut gate)?;
+            self.matmul(&lw.w_up, &xn, n, &mut up)?;
+            gated(cfg.spec.activation, &mut gate, &up);
+            self.matmul(&lw.w_down, &gate, n, &mut o)?;
+            if let Some(pn) = &lw.post_ffn_norm {
+                o.chunks_exact_mut(e).for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
+            }
+            h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        }
+
+        // Output head, only for rows that asked.
+        let rows: Vec<usize> = (0..n).filter(|&i| batch.rows[i].logits).collect();
+        let mut hn = vec![0.0f32; rows.len() * e];
+        for (j, &i) in rows.iter().enumerate() {
+            rms_norm(&h[i * e..(i + 1) * e], &w.output_norm, cfg.rms_eps, &mut hn[j * e..(j + 1) * e]);
+        }
+        let mut data = vec![0.0f32; rows.len() * cfg.vocab_size];
+        if !rows.is_empty() {
+            self.matmul(&w.output, &hn, rows.len(), &mut data)?;
+        }
+        if let Some(cap) = cfg.final_softcap {
+            soft_cap(&mut data, cap);
+        }
+        Ok(Logits { vocab: cfg.vocab_size, rows, data })
+    }
+
+    fn matmul(&self, m: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        matmul(&m.view(), &x[..n * m.cols], n, &mut out[..n * m.rows], &self.pool)?;
+        Ok(())
+    }
+
+    /// Every (row, head) of the pass attends over its window of committed KV
+    /// and its path in the batch.
+    fn attention(&self, layer: usize, batch: &Batch, plans: &[RowPlan], kv: &KvCache, q: &[f32], out: &mut [f32]) {
+        let cfg = &self.config;
+        let window = if cfg.layer_sliding[layer] { cfg.sliding_window } else { None };
+        let group = cfg.n_head / cfg.n_head_kv.max(1);
+        let hd = cfg.head_dim;
+        let out_heads = DisjointChunks::new(out, hd);
+        let scratch = &kv.scratch.layers[layer];
+        let task = |t: usize| {
+            let (i, head) = (t / cfg.n_head, t % cfg.n_head);
+            let row = &batch.rows[i];
+            let plan = &plans[i];
+            // Keys at positions > pos - window are visible.
+            let first = window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
+            let ctx = first.min(plan.ctx_len)..plan.ctx_len;
+            let tail: Vec<usize> =
+                plan.path.iter().copied().filter(|&r| batch.rows[r].pos >= first).collect();
+            let query = HeadQuery {
+                q: &q[(i * cfg.n_head + head) * hd..(i * cfg.n_head + head + 1) * hd],
+                kv_offset: (head / group) * hd,
+                scale: cfg.attn_scale,
+                softcap: cfg.attn_softcap,
+            };
+            let committed = &kv.seq(row.seq).expect("validated in plan").layers[layer];
+            // SAFETY: task t is the only one writing output head t.
+            let dst = unsafe { out_heads.chunk_mut(t) };
+            let mut scores = Vec::with_capacity(ctx.len() + tail.len());
+            match (&committed.k, &committed.v, &scratch.k, &scratch.v) {
+                (KvBuf::F32(ck), KvBuf::F32(cv), KvBuf::F32(sk), KvBuf::F32(sv)) => {
+                    attend(&query, (ck, cv), ctx, (sk, sv), &tail, cfg.kv_dim(), &mut scores, dst)
+                }
+                (KvBuf::F16(ck), KvBuf::F16(cv), KvBuf::F16(sk), KvBuf::F16(sv)) => {
+                    attend(&query, (ck, cv), ctx, (sk, sv), &tail, cfg.kv_dim(), &mut scores, dst)
+                }
+                _ => unreachable!("KV buffers of one cache share a type"),
+            }
+        };
+        for_each_task(&self.pool, batch.len() * cfg.n_head, task);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend<E: KvElem>(
+    query: &HeadQuery<'_>,
+    committed: (&[E], &[E]),
+    ctx: std::ops::Range<usize>,
+    scratch: (&[E], &[E]),
+    tail: &[usize],
+    stride: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let c = KvRows { k: committed.0, v: committed.1, stride };
+    let s = KvRows { k: scratch.0, v: scratch.1, stride };
+    attend_head(query, c, ctx, s, tail, scores, out);
+}
+
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], dim: usize) {
+    for (src, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        rms_norm(src, w, eps, dst);
+    }
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
+        }
+    }
+}

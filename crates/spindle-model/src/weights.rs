@@ -1,0 +1,256 @@
+//! A model's weights, read from GGUF or safetensors without copying matrices.
+//!
+//! Tensors are named as in GGUF (`blk.N.attn_q.weight`); a safetensors
+//! directory is read through a map from those names to Hugging Face's.
+
+use spindle_formats::{GgmlType, GgufFile, SafetensorsModel, TensorBytes};
+use spindle_kernels::WeightView;
+
+use crate::arch::Family;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+
+/// A 2-D weight: `rows` output features of `cols` inputs, row-major.
+#[derive(Clone)]
+pub struct Matrix {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: TensorBytes,
+}
+
+impl Matrix {
+    pub fn view(&self) -> WeightView<'_> {
+        WeightView { ty: self.ty, rows: self.rows, cols: self.cols, data: &self.data }
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// The weights of one decoder layer.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Matrix,
+    pub w_up: Matrix,
+    pub w_down: Matrix,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// All weights of a model.
+pub struct Weights {
+    pub embed: Matrix,
+    pub output: Matrix,
+    pub output_norm: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    /// Llama 3 per-frequency divisors as the GGUF converter stored them.
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+/// Where tensors come from.
+pub enum TensorSource<'a> {
+    Gguf(&'a GgufFile),
+    Safetensors(&'a SafetensorsModel),
+}
+
+struct Raw {
+    ty: GgmlType,
+    /// Row-major shape, outermost first.
+    shape: Vec<usize>,
+    data: TensorBytes,
+}
+
+impl TensorSource<'_> {
+    fn raw(&self, name: &str) -> Result<Option<Raw>, ModelError> {
+        match self {
+            TensorSource::Gguf(g) => {
+                let Some(t) = g.tensor(name) else { return Ok(None) };
+                let ty = t.ty()?;
+                let shape = t.dims.iter().rev().map(|&d| d as usize).collect();
+                Ok(Some(Raw { ty, shape, data: g.tensor_bytes(t) }))
+            }
+            TensorSource::Safetensors(st) => {
+                for hf in hf_names(name) {
+                    if let Some(t) = st.tensor(&hf) {
+                        return Ok(Some(Raw { ty: t.ty, shape: t.shape.clone(), data: t.bytes.clone() }));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn arch(&self) -> String {
+        match self {
+            TensorSource::Gguf(g) => g.architecture().unwrap_or("?").to_string(),
+            TensorSource::Safetensors(_) => "safetensors".into(),
+        }
+    }
+
+    fn missing(&self, name: &str) -> ModelError {
+        ModelError::MissingTensor { name: name.into(), arch: self.arch() }
+    }
+
+    fn matrix_opt(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Matrix>, ModelError> {
+        let Some(raw) = self.raw(name)? else { return Ok(None) };
+        if raw.shape != [rows, cols] {
+            return Err(ModelError::BadShape { name: name.into(), got: raw.shape, want: vec![rows, cols] });
+        }
+        Ok(Some(Matrix { name: name.into(), ty: raw.ty, rows, cols, data: raw.data }))
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+        self.matrix_opt(name, rows, cols)?.ok_or_else(|| self.missing(name))
+    }
+
+    /// A 1-D tensor as f32, plus `offset` (Gemma norms from safetensors).
+    fn vector_opt(&self, name: &str, len: usize, offset: f32) -> Result<Option<Vec<f32>>, ModelError> {
+        let Some(raw) = self.raw(name)? else { return Ok(None) };
+        if raw.shape.iter().product::<usize>() != len {
+            return Err(ModelError::BadShape { name: name.into(), got: raw.shape, want: vec![len] });
+        }
+        let mut out = vec![0.0f32; len];
+        spindle_kernels::dequantize(raw.ty, &raw.data, &mut out)?;
+        if offset != 0.0 {
+            out.iter_mut().for_each(|v| *v += offset);
+        }
+        Ok(Some(out))
+    }
+
+    fn vector(&self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>, ModelError> {
+        self.vector_opt(name, len, offset)?.ok_or_else(|| self.missing(name))
+    }
+
+    fn is_safetensors(&self) -> bool {
+        matches!(self, TensorSource::Safetensors(_))
+    }
+}
+
+impl Weights {
+    pub fn load(src: &TensorSource<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
+        let spec = &cfg.spec;
+        let norm_offset = if src.is_safetensors() { spec.hf_norm_offset } else { 0.0 };
+        let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let embed = src.matrix("token_embd.weight", cfg.vocab_size, e)?;
+        let output = match src.matrix_opt("output.weight", cfg.vocab_size, e)? {
+            Some(m) => m,
+            None => embed.clone(),
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let norm = |s: &str| src.vector(&n(s), e, norm_offset);
+            let sandwich = |s: &str| -> Result<Option<Vec<f32>>, ModelError> {
+                if spec.sandwich_norms {
+                    norm(s).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let bias = |s: &str, len: usize| src.vector_opt(&n(s), len, 0.0);
+            let head_norm = |s: &str| -> Result<Option<Vec<f32>>, ModelError> {
+                if spec.qk_norm {
+                    src.vector(&n(s), cfg.head_dim, norm_offset).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: norm("attn_norm.weight")?,
+                wq: src.matrix(&n("attn_q.weight"), q, e)?,
+                wk: src.matrix(&n("attn_k.weight"), kv, e)?,
+                wv: src.matrix(&n("attn_v.weight"), kv, e)?,
+                wo: src.matrix(&n("attn_output.weight"), e, q)?,
+                bq: bias("attn_q.bias", q)?,
+                bk: bias("attn_k.bias", kv)?,
+                bv: bias("attn_v.bias", kv)?,
+                q_norm: head_norm("attn_q_norm.weight")?,
+                k_norm: head_norm("attn_k_norm.weight")?,
+                // Only sandwich-norm families have these; for Llama the Hugging Face
+                // name `post_attention_layernorm` means the pre-FFN norm.
+                post_attn_norm: sandwich("post_attention_norm.weight")?,
+                ffn_norm: norm("ffn_norm.weight")?,
+                w_gate: src.matrix(&n("ffn_gate.weight"), ff, e)?,
+                w_up: src.matrix(&n("ffn_up.weight"), ff, e)?,
+                w_down: src.matrix(&n("ffn_down.weight"), e, ff)?,
+                post_ffn_norm: sandwich("post_ffw_norm.weight")?,
+            });
+        }
+        let rope_freqs = if cfg.spec.family == Family::Llama || cfg.spec.family == Family::Mistral {
+            src.vector_opt("rope_freqs.weight", cfg.head_dim / 2, 0.0)?
+        } else {
+            None
+        };
+        Ok(Weights {
+            embed,
+            output,
+            output_norm: src.vector("output_norm.weight", e, norm_offset)?,
+            layers,
+            rope_freqs,
+        })
+    }
+
+    /// Bytes of every matrix read once per decode pass (the output head once).
+    pub fn matrix_bytes(&self) -> usize {
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|m| m.n_bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        per_layer + self.output.n_bytes()
+    }
+}
+
+/// Hugging Face names for a GGUF tensor name, most likely first.
+fn hf_names(gguf_name: &str) -> Vec<String> {
+    const PREFIXES: [&str; 3] = ["model.", "model.language_model.", "language_model.model."];
+    let with_prefixes = |rest: &str| PREFIXES.iter().map(|p| format!("{p}{rest}")).collect::<Vec<_>>();
+    match gguf_name {
+        "token_embd.weight" => with_prefixes("embed_tokens.weight"),
+        "output_norm.weight" => with_prefixes("norm.weight"),
+        "output.weight" => vec!["lm_head.weight".into(), "language_model.lm_head.weight".into()],
+        _ => {
+            let Some(rest) = gguf_name.strip_prefix("blk.") else { return vec![] };
+            let Some((layer, tail)) = rest.split_once('.') else { return vec![] };
+            let (stem, suffix) = tail.rsplit_once('.').unwrap_or((tail, "weight"));
+            let hf: &[&str] = match stem {
+                "attn_norm" => &["input_layernorm"],
+                "attn_q" => &["self_attn.q_proj"],
+                "attn_k" => &["self_attn.k_proj"],
+                "attn_v" => &["self_attn.v_proj"],
+                "attn_output" => &["self_attn.o_proj"],
+                "attn_q_norm" => &["self_attn.q_norm"],
+                "attn_k_norm" => &["self_attn.k_norm"],
+                // Gemma: a norm after attention; Llama's `post_attention_layernorm` is its pre-FFN norm.
+                "post_attention_norm" => &["post_attention_layernorm"],
+                "ffn_norm" => &["pre_feedforward_layernorm", "post_attention_layernorm"],
+                "post_ffw_norm" => &["post_feedforward_layernorm"],
+                "ffn_gate" => &["mlp.gate_proj"],
+                "ffn_up" => &["mlp.up_proj"],
+                "ffn_down" => &["mlp.down_proj"],
+                _ => &[],
+            };
+            hf.iter()
+                .flat_map(|h| with_prefixes(&format!("layers.{layer}.{h}.{suffix}")))
+                .collect()
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The one-pass rule of DESIGN.md: a row attends to its sequence's committed
+//! KV plus its ancestors in the batch, so every row of a token tree gets
+//! bit-identical logits to running its own path alone.
+
+mod common_tiny;
+use common_tiny::*;
+
+use spindle_model::{Batch, KvCache, LoadedModel, Row, SeqId};
+
+/// Commits `prompt` to a new sequence.
+fn committed(m: &LoadedModel, cache: &mut KvCache, prompt: &[u32]) -> SeqId {
+    let seq = cache.add_sequence();
+    let mut b = Batch::new();
+    let rows = b.push_chain(seq, 0, prompt, |_| false);
+    m.model.forward(&b, cache).unwrap();
+    cache.commit(seq, &rows.collect::<Vec<_>>()).unwrap();
+    seq
+}
+
+/// Logits of the last token of `path` run as a chain after the committed prompt.
+fn alone(m: &LoadedModel, prompt: &[u32], path: &[u32]) -> Vec<f32> {
+    let mut cache = kv(m, 256);
+    let seq = committed(m, &mut cache, prompt);
+    let mut b = Batch::new();
+    b.push_chain(seq, prompt.len(), path, |i| i + 1 == path.len());
+    m.model.forward(&b, &mut cache).unwrap().row(path.len() - 1).unwrap().to_vec()
+}
+
+#[test]
+fn tree_rows_equal_their_paths_alone_bit_for_bit() {
+    // gemma3 has sliding layers (window 8 in the fixture) and a global one;
+    // qwen2 has biases; llama uses interleaved rope in its GGUF.
+    for arch in ["gemma3", "qwen2", "llama"] {
+        for (kind, path) in sources(arch) {
+            let m = load(&path, 2);
+            let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 200).collect();
+            // A tree:      a - b - c
+            //               \   \- d - e
+            //                \- f
+            let toks = [7u32, 8, 9, 10, 11, 12];
+            let mut cache = kv(&m, 256);
+            let seq = committed(&m, &mut cache, &prompt);
+            // A second sequence in the same batch must not disturb the tree.
+            let other = committed(&m, &mut cache, &[3, 4, 5]);
+            let p = prompt.len();
+            let mut b = Batch::new();
+            let a = b.push(Row { token: toks[0], pos: p, seq, parent: None, logits: true });
+            b.push(Row { token: 99, pos: 3, seq: other, parent: None, logits: true });
+            let rb = b.push(Row { token: toks[1], pos: p + 1, seq, parent: Some(a), logits: true });
+            let c = b.push(Row { token: toks[2], pos: p + 2, seq, parent: Some(rb), logits: true });
+            let d = b.push(Row { token: toks[3], pos: p + 2, seq, parent: Some(rb), logits: true });
+            let e = b.push(Row { token: toks[4], pos: p + 3, seq, parent: Some(d), logits: true });
+            let f = b.push(Row { token: toks[5], pos: p + 1, seq, parent: Some(a), logits: true });
+            let out = m.model.forward(&b, &mut cache).unwrap();
+            let cases: [(usize, Vec<u32>); 6] = [
+                (a, vec![toks[0]]),
+                (rb, vec![toks[0], toks[1]]),
+                (c, vec![toks[0], toks[1], toks[2]]),
+                (d, vec![toks[0], toks[1], toks[3]]),
+                (e, vec![toks[0], toks[1], toks[3], toks[4]]),
+                (f, vec![toks[0], toks[5]]),
+            ];
+            for (row, path) in cases {
+                let want = alone(&m, &prompt, &path);
+                assert!(out.row(row).unwrap() == want.as_slice(), "{arch} {kind}: tree row {row} differs from its path {path:?} alone");
+            }
+
+            // Committing the accepted path a-b-d-e leaves the same KV (and so the
+            // same next logits) as decoding those tokens one pass at a time.
+            cache.commit(seq, &[a, rb, d, e]).unwrap();
+            let mut next = Batch::new();
+            next.push(Row { token: 42, pos: p + 4, seq, parent: None, logits: true });
+            let after_tree = m.model.forward(&next, &mut cache).unwrap().row(0).unwrap().to_vec();
+
+            let mut plain = kv(&m, 256);
+            let s2 = committed(&m, &mut plain, &prompt);
+            for (i, &t) in [toks[0], toks[1], toks[3], toks[4]].iter().enumerate() {
+                let mut one = Batch::new();
+                one.push(Row { token: t, pos: p + i, seq: s2, parent: None, logits: false });
+                m.model.forward(&one, &mut plain).unwrap();
+                plain.commit(s2, &[0]).unwrap();
+            }
+            let mut next2 = Batch::new();
+            next2.push(Row { token: 42, pos: p + 4, seq: s2, parent: None, logits: true });
+            let after_plain = m.model.forward(&next2, &mut plain).unwrap().row(0).unwrap().to_vec();
+            assert!(after_tree == after_plain, "{arch} {kind}: KV after committing a tree path differs from plain decoding");
+        }
+    }
+}
+
+#[test]
+fn invalid_batches_are_errors() {
+    let (_, path) = sources("llama")[1].clone();
+    let m = load(&path, 1);
+    let mut cache = kv(&m, 8);
+    let seq = cache.add_sequence();
+    let bad = |rows: Vec<Row>, cache: &mut KvCache| {
+        let b = Batch { rows };
+        m.model.forward(&b, cache).is_err()
+    };
+    let r = |token, pos, parent| Row { token, pos, seq, parent, logits: true };
+    assert!(bad(vec![r(1, 1, None)], &mut cache), "wrong root position");
+    assert!(bad(vec![r(1, 0, None), r(2, 2, Some(0))], &mut cache), "wrong child position");
+    assert!(bad(vec![r(1, 0, Some(1)), r(2, 1, None)], &mut cache), "parent after child");
+    assert!(bad(vec![r(1_000_000, 0, None)], &mut cache), "token outside vocabulary");
+    assert!(bad(vec![Row { seq: 77, ..r(1, 0, None) }], &mut cache), "unknown sequence");
+    let long: Vec<u32> = (0..9).collect();
+    let mut b = Batch::new();
+    b.push_chain(seq, 0, &long, |_| false);
+    assert!(m.model.forward(&b, &mut cache).is_err(), "past the context");
+    // A good batch still works afterwards.
+    assert!(!bad(vec![r(1, 0, None)], &mut cache));
+}

@@ -1,0 +1,644 @@
+#!/usr/bin/env python3
+"""Generate tiny random-weight correctness fixtures for Spindle.
+
+For each architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3) this writes
+crates/spindle-model/tests/fixtures/tiny/<arch>/ containing
+
+  config.json, model.safetensors   HF transformers checkpoint (float32)
+  model.gguf                       the same weights, converted the way llama.cpp's
+                                   convert_hf_to_gguf.py does it (all tensors F32)
+  reference.json                   float32 logits for every position of 3 prompts
+                                   (transformers, eager attention) + 16 greedy tokens
+
+The GGUF files are self-validated: an independent float64 numpy forward pass that
+reads ONLY the GGUF (gguf.GGUFReader) and follows llama.cpp semantics (rope style per
+arch, hard-coded SWA patterns, default bases) must reproduce the transformers logits.
+
+Run with the project python env (CPU only, ~1 min):
+    /work/pyenv/bin/python scripts/make_tiny_models.py
+
+llama.cpp conventions mirrored (convert_hf_to_gguf.py / conversion/{base,llama,qwen,gemma}.py):
+  * LlamaForCausalLM and MistralForCausalLM both convert to arch "llama"; Q and K
+    weights (and biases) are row-permuted so GGUF uses llama.cpp's "normal"
+    (interleaved pair) rope:
+        permute(w, n_head) = w.reshape(n_head, 2, rows//n_head//2, cols)
+                              .swapaxes(1, 2).reshape(rows, cols)
+    with n_head = num_attention_heads for Q and num_key_value_heads for K.
+  * qwen2 / qwen3 / gemma2 / gemma3: no permutation; llama.cpp uses NEOX rope
+    (rotate_half pairs (i, i + d/2)), same as HF.
+  * llama3 rope scaling is not written as metadata; it is baked into a
+    "rope_freqs.weight" F32 tensor of head_dim/2 divisors of the base frequency.
+  * Gemma2/Gemma3: every tensor whose HF name ends in "norm.weight" is stored as
+    (w + 1) (input/post_attention/pre_feedforward/post_feedforward layernorms, the
+    final norm, and gemma3's q_norm/k_norm).  GGUF consumers multiply by the stored
+    weight directly.
+  * Tied embeddings: HF checkpoint has no lm_head.weight, so the GGUF has no
+    "output.weight" and the consumer must fall back to token_embd.weight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+torch.set_num_threads(2)
+
+import gguf  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "crates" / "spindle-model" / "tests" / "fixtures" / "tiny"
+
+SEED = 1234
+VOCAB = 256
+MAX_POS = 512
+PROMPT_LENS = (5, 17, 37)
+N_GREEDY = 16
+BOS, EOS = 2, 1  # only recorded as metadata; prompts are BOS-free random ids
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    max_position_embeddings=MAX_POS,
+    rms_norm_eps=1e-6,
+    bos_token_id=BOS,
+    eos_token_id=EOS,
+    pad_token_id=0,
+)
+
+# --------------------------------------------------------------------------------------
+# Architectures.  "gguf_arch" is the llama.cpp architecture string.
+# --------------------------------------------------------------------------------------
+ARCHS: dict[str, dict] = {
+    "llama": dict(
+        emb_std=1.0,
+        out_gain=1.0,
+        config_cls=LlamaConfig,
+        model_cls=LlamaForCausalLM,
+        gguf_arch="llama",
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=False,
+            # llama3 scaling with a small original context so that, at the fixture's
+            # positions (< 60), all three regimes (unscaled / smoothed / divided by
+            # factor) produce clearly visible rotations.
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+            # llama.cpp's converter reads this from the top level of the config (default
+            # 8192), not from rope_scaling; put it there too so that the real
+            # convert_hf_to_gguf.py would produce the same rope_freqs as we do.
+            original_max_position_embeddings=64,
+        ),
+    ),
+    "mistral": dict(
+        emb_std=1.0,
+        out_gain=1.0,
+        config_cls=MistralConfig,
+        model_cls=MistralForCausalLM,
+        gguf_arch="llama",  # MistralForCausalLM is registered on LlamaModel
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            tie_word_embeddings=False,
+            # llama.cpp's LlamaModel writes no sliding window, so use the Mistral
+            # v0.2+ style config without one.
+            sliding_window=None,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0),
+        ),
+    ),
+    "qwen2": dict(
+        emb_std=0.3,
+        out_gain=1.0,
+        config_cls=Qwen2Config,
+        model_cls=Qwen2ForCausalLM,
+        gguf_arch="qwen2",
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0),
+        ),
+    ),
+    "qwen3": dict(
+        emb_std=0.3,
+        out_gain=2.5,
+        config_cls=Qwen3Config,
+        model_cls=Qwen3ForCausalLM,
+        gguf_arch="qwen3",
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,  # heads*head_dim (128) != hidden (64), like real Qwen3
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            attention_bias=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0),
+        ),
+    ),
+    "gemma2": dict(
+        emb_std=0.3,
+        out_gain=1.0,
+        config_cls=Gemma2Config,
+        model_cls=Gemma2ForCausalLM,
+        gguf_arch="gemma2",
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,  # sliding, full, sliding
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            # llama.cpp uses 1/sqrt(key_length) for non-27B gemma2: keep them equal
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            # small caps so that tanh is clearly non-linear for this tiny model
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=4.0,
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+        ),
+    ),
+    "gemma3": dict(
+        emb_std=0.3,
+        out_gain=1.0,
+        config_cls=Gemma3TextConfig,
+        model_cls=Gemma3ForCausalLM,
+        gguf_arch="gemma3",
+        kwargs=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=6,  # 5 sliding : 1 full (layer 5)
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,  # heads*head_dim (64) != hidden (32), like real Gemma3
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            rope_parameters={
+                "full_attention": dict(rope_type="default", rope_theta=1_000_000.0),
+                "sliding_attention": dict(rope_type="default", rope_theta=10_000.0),
+            },
+        ),
+    ),
+}
+
+GEMMA = ("gemma2", "gemma3")
+
+
+# --------------------------------------------------------------------------------------
+# Model construction / init
+# --------------------------------------------------------------------------------------
+def build_model(arch: str, emb_std=None, out_gain=None):
+    spec = ARCHS[arch]
+    emb_std = spec.get("emb_std", 1.0) if emb_std is None else emb_std
+    out_gain = spec.get("out_gain", 1.0) if out_gain is None else out_gain
+    cfg = spec["config_cls"](**COMMON, **spec["kwargs"])
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED + sum(map(ord, arch)))
+    model = spec["model_cls"](cfg).to(torch.float32).eval()
+    model.config._attn_implementation = "eager"
+    is_gemma = arch in GEMMA
+    hidden = cfg.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name == "model.norm.weight":
+                # final norm: effective scale ~ N(0, 1) with random signs.  With tied
+                # embeddings this cancels the input token's self-affinity E_t.(g*E_t),
+                # which otherwise makes random tied models loop on one token.
+                p.copy_(torch.randn_like(p) - (1.0 if is_gemma else 0.0))
+            elif name.endswith("norm.weight"):
+                if is_gemma:  # effective scale is (1 + w)
+                    p.copy_(torch.randn_like(p) * 0.3)
+                else:
+                    p.copy_(1.0 + torch.randn_like(p) * 0.3)
+            elif "embed_tokens" in name:
+                # per-arch: with tied embeddings a large embedding makes the residual
+                # copy of the input token dominate the logits (greedy self-loops)
+                p.copy_(torch.randn_like(p) * emb_std)
+            elif name == "lm_head.weight":
+                p.copy_(torch.randn_like(p) * (2.0 / math.sqrt(hidden)))
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.3)
+            elif name.endswith(".weight") and p.dim() == 2:
+                fan_in = p.shape[1]
+                gain = 1.0
+                if "q_proj" in name or "k_proj" in name:
+                    gain = 1.6  # sharper attention so rope / windows matter
+                elif "o_proj" in name or "down_proj" in name:
+                    gain = out_gain
+                p.copy_(torch.randn_like(p) * (gain / math.sqrt(fan_in)))
+            else:
+                raise RuntimeError(f"unhandled parameter {name}")
+    if cfg.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return cfg, model
+
+
+@torch.no_grad()
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    out = model(input_ids=torch.tensor([ids]), use_cache=False)
+    return out.logits[0].float().numpy()
+
+
+@torch.no_grad()
+def greedy(model, ids: list[int], n: int):
+    seq = list(ids)
+    toks, margins = [], []
+    for _ in range(n):
+        last = hf_logits(model, seq)[-1]  # full recompute every step
+        order = np.argsort(-last.astype(np.float64), kind="stable")
+        t = int(order[0])
+        toks.append(t)
+        margins.append(float(last[order[0]] - last[order[1]]))
+        seq.append(t)
+    return toks, margins
+
+
+def r6(x: float) -> float:
+    return float(f"{float(x):.6g}")
+
+
+# --------------------------------------------------------------------------------------
+# GGUF writing (mirrors convert_hf_to_gguf.py)
+# --------------------------------------------------------------------------------------
+def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """LlamaModel.permute from convert_hf_to_gguf.py (HF rotate_half -> GGUF interleaved)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def llama3_rope_factors(rope: dict, head_dim: int, old_context_len: int) -> np.ndarray:
+    """LlamaModel.generate_extra_tensors (rope_freqs.weight)."""
+    base = rope.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor = rope.get("factor", 8.0)
+    low_freq_factor = rope.get("low_freq_factor", 1.0)
+    high_freq_factor = rope.get("high_freq_factor", 4.0)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(1)
+        elif wavelen > low_freq_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+def write_gguf(arch: str, cfg, state: dict[str, torch.Tensor], path: Path) -> None:
+    spec = ARCHS[arch]
+    garch = spec["gguf_arch"]
+    march = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[garch]
+    hp = cfg.to_dict()
+    n_layer = hp["num_hidden_layers"]
+    tmap = gguf.get_tensor_name_map(march, n_layer)
+
+    w = gguf.GGUFWriter(str(path), garch)
+    # general.*
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(f"spindle-tiny-{arch}")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    # key_length/value_length are only written when the HF config has head_dim
+    # (qwen2 configs don't: consumers derive n_embd / n_head)
+    cfg_head_dim = hp.get("head_dim")
+    head_dim = cfg_head_dim or hp["hidden_size"] // hp["num_attention_heads"]
+    rope = hp.get("rope_parameters") or {}
+    if arch != "gemma2":
+        # TextModel.set_gguf_parameters (llama, qwen2, qwen3, gemma3 call it)
+        w.add_block_count(n_layer)
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_embedding_length(hp["hidden_size"])
+        w.add_feed_forward_length(hp["intermediate_size"])
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_head_count_kv(hp["num_key_value_heads"])
+        full = rope.get("full_attention", rope)
+        w.add_rope_freq_base(full["rope_theta"])
+        if "sliding_attention" in rope:
+            w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+        if cfg_head_dim is not None:
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+    if garch == "llama":
+        # LlamaModel.set_gguf_parameters
+        w.add_vocab_size(hp["vocab_size"])
+        w.add_rope_dimension_count(head_dim)
+    if arch == "gemma2":
+        # Gemma2Model.set_gguf_parameters (does not call super: no rope.freq_base,
+        # llama.cpp's default 10000 applies)
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_embedding_length(hp["hidden_size"])
+        w.add_block_count(n_layer)
+        w.add_feed_forward_length(hp["intermediate_size"])
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_head_count_kv(hp["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_attn_logit_softcapping(hp["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(hp["final_logit_softcapping"])
+        w.add_sliding_window(hp["sliding_window"])
+        assert rope["rope_theta"] == 10000.0
+    if arch == "gemma3":
+        # Gemma3Model.set_gguf_parameters (on top of TextModel's)
+        assert hp.get("attn_logit_softcapping") is None
+        if hp.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(hp["final_logit_softcapping"])
+        w.add_sliding_window(hp["sliding_window"])
+    # tokenizer ids only (tests use token ids; no vocab is written)
+    w.add_bos_token_id(BOS)
+    w.add_eos_token_id(EOS)
+
+    # tensors
+    n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
+    if garch == "llama" and rope.get("rope_type") == "llama3":
+        old_ctx = hp.get("original_max_position_embeddings", 8192)
+        assert old_ctx == rope["original_max_position_embeddings"]
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, head_dim, old_ctx))
+    for name in sorted(state):
+        t = state[name].detach().to(torch.float32).numpy().copy()
+        if name == "lm_head.weight" and hp["tie_word_embeddings"]:
+            continue
+        if garch == "llama":
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
+                t = permute(t, n_head, n_head)
+            if name.endswith(("k_proj.weight", "k_proj.bias")):
+                t = permute(t, n_head, n_kv)
+        if arch in GEMMA and name.endswith("norm.weight"):
+            t = t + 1.0
+        new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
+        if new is None:
+            raise RuntimeError(f"cannot map {name}")
+        w.add_tensor(new, np.ascontiguousarray(t, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# --------------------------------------------------------------------------------------
+# Independent numpy forward pass from the GGUF (llama.cpp semantics), float64
+# --------------------------------------------------------------------------------------
+def _field(r: gguf.GGUFReader, key: str, default=None):
+    f = r.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _rope(x, pos, base, neox, freq_factors=None):
+    # x: [T, H, D]
+    d = x.shape[-1]
+    inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if freq_factors is not None:
+        inv = inv / freq_factors
+    ang = pos[:, None].astype(np.float64) * inv[None, :]  # [T, D/2]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    if neox:
+        x0, x1 = x[..., : d // 2], x[..., d // 2:]
+        return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+def gguf_forward(path: Path, ids: list[int]) -> np.ndarray:
+    r = gguf.GGUFReader(str(path))
+    arch = _field(r, "general.architecture")
+    T = {t.name: np.array(t.data, dtype=np.float64) for t in r.tensors}
+    for t in r.tensors:
+        assert t.tensor_type == gguf.GGMLQuantizationType.F32, t.name
+    g = lambda k, d=None: _field(r, f"{arch}.{k}", d)  # noqa: E731
+    n_layer = g("block_count")
+    n_embd = g("embedding_length")
+    n_head = g("attention.head_count")
+    n_kv = g("attention.head_count_kv")
+    hd = g("attention.key_length", n_embd // n_head)
+    eps = g("attention.layer_norm_rms_epsilon")
+    base = g("rope.freq_base", 10000.0)
+    base_swa = g("rope.freq_base_swa", 10000.0)
+    n_swa = g("attention.sliding_window", 0)
+    attn_cap = g("attn_logit_softcapping")
+    final_cap = g("final_logit_softcapping")
+    neox = arch != "llama"
+    is_gemma = arch in ("gemma2", "gemma3")
+    # hard-coded in llama.cpp (llama-model.cpp): gemma2 swa pattern 2, gemma3 pattern 6;
+    # layer il uses SWA iff il % pattern < pattern - 1
+    pattern = {"gemma2": 2, "gemma3": 6}.get(arch, 0)
+    freq_factors = T.get("rope_freqs.weight")
+
+    n = len(ids)
+    pos = np.arange(n)
+    x = T["token_embd.weight"][ids]
+    if is_gemma:
+        x = x * math.sqrt(n_embd)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        swa = pattern and n_swa and (il % pattern < pattern - 1)
+        h = _rms(x, T[p + "attn_norm.weight"], eps)
+        q = h @ T[p + "attn_q.weight"].T
+        k = h @ T[p + "attn_k.weight"].T
+        v = h @ T[p + "attn_v.weight"].T
+        if p + "attn_q.bias" in T:
+            q, k, v = q + T[p + "attn_q.bias"], k + T[p + "attn_k.bias"], v + T[p + "attn_v.bias"]
+        q = q.reshape(n, n_head, hd)
+        k = k.reshape(n, n_kv, hd)
+        v = v.reshape(n, n_kv, hd)
+        if p + "attn_q_norm.weight" in T:
+            q = _rms(q, T[p + "attn_q_norm.weight"], eps)
+            k = _rms(k, T[p + "attn_k_norm.weight"], eps)
+        b = base_swa if (arch == "gemma3" and swa) else base
+        q = _rope(q, pos, b, neox, freq_factors)
+        k = _rope(k, pos, b, neox, freq_factors)
+        grp = n_head // n_kv
+        k = np.repeat(k, grp, axis=1)
+        v = np.repeat(v, grp, axis=1)
+        s = np.einsum("ihd,jhd->hij", q, k) / math.sqrt(hd)
+        if attn_cap:
+            s = np.tanh(s / attn_cap) * attn_cap
+        i_, j_ = np.meshgrid(pos, pos, indexing="ij")
+        allowed = j_ <= i_
+        if swa:
+            allowed &= (i_ - j_) < n_swa
+        s = np.where(allowed[None], s, -np.inf)
+        s = s - s.max(-1, keepdims=True)
+        a = np.exp(s)
+        a /= a.sum(-1, keepdims=True)
+        o = np.einsum("hij,jhd->ihd", a, v).reshape(n, n_head * hd)
+        o = o @ T[p + "attn_output.weight"].T
+        if p + "post_attention_norm.weight" in T:
+            o = _rms(o, T[p + "post_attention_norm.weight"], eps)
+        x = x + o
+        h = _rms(x, T[p + "ffn_norm.weight"], eps)
+        gate = h @ T[p + "ffn_gate.weight"].T
+        up = h @ T[p + "ffn_up.weight"].T
+        act = _gelu_tanh(gate) if is_gemma else _silu(gate)
+        f = (act * up) @ T[p + "ffn_down.weight"].T
+        if p + "post_ffw_norm.weight" in T:
+            f = _rms(f, T[p + "post_ffw_norm.weight"], eps)
+        x = x + f
+    x = _rms(x, T["output_norm.weight"], eps)
+    out_w = T.get("output.weight", T["token_embd.weight"])
+    logits = x @ out_w.T
+    if final_cap:
+        logits = np.tanh(logits / final_cap) * final_cap
+    return logits
+
+
+# --------------------------------------------------------------------------------------
+def make(arch: str, rng: np.random.Generator) -> dict:
+    cfg, model = build_model(arch)
+    d = OUT / arch
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    model.save_pretrained(d, safe_serialization=True)
+    for f in d.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            f.unlink()
+
+    # reload from disk (proves the saved checkpoint is what the reference describes)
+    model = ARCHS[arch]["model_cls"].from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    from safetensors.torch import load_file
+
+    state = load_file(str(d / "model.safetensors"))
+    assert ("lm_head.weight" in state) == (not cfg.tie_word_embeddings), (arch, sorted(state)[:3])
+    write_gguf(arch, model.config, state, d / "model.gguf")
+
+    prompts = []
+    worst = 0.0
+    for L in PROMPT_LENS:
+        ids = [int(t) for t in rng.integers(3, VOCAB, size=L)]
+        logits = hf_logits(model, ids)
+        ref = gguf_forward(d / "model.gguf", ids)
+        err = float(np.max(np.abs(ref - logits)))
+        worst = max(worst, err)
+        assert err < 1e-4, f"{arch}: GGUF numpy forward differs from transformers by {err}"
+        toks, margins = greedy(model, ids, N_GREEDY)
+        # the same greedy continuation from the GGUF path where the margin is safe
+        full = hf_logits(model, ids + toks)
+        ref_full = gguf_forward(d / "model.gguf", ids + toks)
+        assert float(np.max(np.abs(ref_full - full))) < 1e-4
+        for i, (t, m) in enumerate(zip(toks, margins)):
+            if m > 1e-4:
+                assert int(np.argmax(ref_full[L - 1 + i])) == t
+        prompts.append(
+            dict(
+                ids=ids,
+                logits=[[r6(v) for v in row] for row in logits],
+                greedy=toks,
+                greedy_margin=[r6(m) for m in margins],
+            )
+        )
+        distinct = len(set(toks))
+        assert distinct >= 3, f"{arch}: degenerate greedy output {toks}"
+    hp = model.config
+    layer_types = getattr(hp, "layer_types", None)
+    ref = dict(
+        arch=arch,
+        gguf_arch=ARCHS[arch]["gguf_arch"],
+        vocab_size=VOCAB,
+        sliding_window=getattr(hp, "sliding_window", None) if arch in GEMMA else None,
+        layer_types=list(layer_types) if (layer_types and arch in GEMMA) else None,
+        note="logits: transformers eager float32, every position, 6 significant digits; "
+        "greedy: argmax with full recompute; greedy_margin: top1-top2 logit gap per step",
+        prompts=prompts,
+    )
+    with open(d / "reference.json", "w") as f:
+        json.dump(ref, f, separators=(",", ":"))
+    lg = np.array([v for p in prompts for row in p["logits"] for v in row])
+    print(
+        f"{arch:8s} gguf-vs-hf max|d|={worst:.2e}  logits std={lg.std():.2f}  "
+        f"greedy={[p['greedy'] for p in prompts][2]}  min margin={min(min(p['greedy_margin']) for p in prompts):.3g}"
+    )
+    return ref
+
+
+def main(argv: list[str]) -> None:
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, gguf {gguf.__file__}")
+    archs = argv or list(ARCHS)
+    rng = np.random.default_rng(SEED)
+    for arch in ARCHS:  # consume the rng identically whatever subset is requested
+        sub = np.random.default_rng(rng.integers(1 << 31))
+        if arch in archs:
+            make(arch, sub)
+    for a in ARCHS:
+        if not (OUT / a).is_dir():
+            continue
+        for f in sorted((OUT / a).iterdir()):
+            print(f"  {f.relative_to(REPO)}  {f.stat().st_size/1024:.1f} KiB")
+    total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
+    print(f"total tiny fixture size: {total/1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
