@@ -7,7 +7,11 @@ mod options;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "spindle", version, about = "A CPU inference engine for decoder-only language models")]
+#[command(
+    name = "spindle",
+    version,
+    about = "A CPU inference engine for decoder-only language models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -37,7 +37,10 @@ impl ModelArgs {
         }
         let path = home::default_model_path();
         if !path.exists() {
-            eprintln!("The default model is not in {} yet; pulling it first.", home::models_dir().display());
+            eprintln!(
+                "The default model is not in {} yet; pulling it first.",
+                home::models_dir().display()
+            );
             crate::commands::pull::pull_default(false)?;
         }
         Ok(path)
@@ -45,7 +48,8 @@ impl ModelArgs {
 
     pub fn load(&self) -> Result<LoadedModel> {
         let path = self.resolve()?;
-        spindle_model::load(&path, self.threads()).with_context(|| format!("cannot load {}", path.display()))
+        spindle_model::load(&path, self.threads())
+            .with_context(|| format!("cannot load {}", path.display()))
     }
 }
 
@@ -58,10 +62,15 @@ pub fn kv_cache(loaded: &LoadedModel, ctx: Option<usize>) -> KvCache {
 
 /// The tokenizer, or an error saying why the model has none.
 pub fn tokenizer(loaded: &LoadedModel) -> Result<&Tokenizer> {
-    loaded.tokenizer.as_ref().ok_or_else(|| match &loaded.tokenizer_error {
-        Some(e) => anyhow!("the model's tokenizer cannot be built: {e}"),
-        None => anyhow!("the model file has no tokenizer: pass token ids (--ids) instead of text"),
-    })
+    loaded
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| match &loaded.tokenizer_error {
+            Some(e) => anyhow!("the model's tokenizer cannot be built: {e}"),
+            None => {
+                anyhow!("the model file has no tokenizer: pass token ids (--ids) instead of text")
+            }
+        })
 }
 
 #[derive(Args, Debug, Clone)]
@@ -102,11 +111,13 @@ impl SamplingArgs {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("--min-p must be between 0 and 1");
         }
-        if !(self.repeat_penalty > 0.0) {
+        if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
             return bad("--repeat-penalty must be > 0");
         }
         let seed = self.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
         });
         Ok(SamplerConfig {
             temperature: self.temperature,
@@ -129,7 +140,10 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .trim_end_matches(']')
         .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|p| !p.is_empty())
-        .map(|p| p.parse::<u32>().map_err(|_| anyhow!("'{p}' is not a token id: give ids like 2,818,1234")))
+        .map(|p| {
+            p.parse::<u32>()
+                .map_err(|_| anyhow!("'{p}' is not a token id: give ids like 2,818,1234"))
+        })
         .collect()
 }
 
@@ -137,7 +151,8 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<String> {
     match (prompt, file) {
         (Some(p), None) => Ok(p.clone()),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file {}", f.display())),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read prompt file {}", f.display())),
         (Some(_), Some(_)) => Err(anyhow!("give either -p or -f, not both")),
         (None, None) => Err(anyhow!("no prompt: give -p TEXT or -f FILE")),
     }

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn spindle(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_spindle")).args(args).output().expect("run spindle")
+    Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(args)
+        .output()
+        .expect("run spindle")
 }
 
 fn stderr(o: &Output) -> String {
@@ -16,12 +19,17 @@ fn fails_with(args: &[&str], needle: &str) {
     let o = spindle(args);
     let err = stderr(&o);
     assert!(!o.status.success(), "{args:?} should fail; stderr: {err}");
-    assert!(err.contains(needle), "{args:?}: stderr should mention '{needle}', got: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr should mention '{needle}', got: {err}"
+    );
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
 }
 
 fn tiny(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../spindle-model/tests/fixtures/tiny").join(arch)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../spindle-model/tests/fixtures/tiny")
+        .join(arch)
 }
 
 fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
@@ -34,13 +42,22 @@ fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn missing_file_is_a_clear_error() {
-    fails_with(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"], "no such file");
+    fails_with(
+        &["run", "-m", "/nonexistent/model.gguf", "-p", "hi"],
+        "no such file",
+    );
 }
 
 #[test]
 fn a_file_that_is_not_a_model_is_a_clear_error() {
-    let p = tmp("notes.gguf", b"these are not the weights you are looking for");
-    fails_with(&["run", "-m", p.to_str().unwrap(), "-p", "hi"], "not a GGUF file");
+    let p = tmp(
+        "notes.gguf",
+        b"these are not the weights you are looking for",
+    );
+    fails_with(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "not a GGUF file",
+    );
 }
 
 #[test]
@@ -48,7 +65,10 @@ fn truncated_model_is_a_clear_error() {
     let bytes = std::fs::read(tiny("gemma3").join("model.gguf")).unwrap();
     for cut in [bytes.len() / 2, 1000, 30] {
         let p = tmp(&format!("cut{cut}.gguf"), &bytes[..cut]);
-        fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2,3"], "truncated");
+        fails_with(
+            &["score", "-m", p.to_str().unwrap(), "--ids", "1,2,3"],
+            "truncated",
+        );
     }
 }
 
@@ -66,7 +86,10 @@ fn unsupported_architecture_is_a_clear_error() {
         i += 1;
     }
     let p = tmp("arch.gguf", &bytes);
-    fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2,3"], "unsupported architecture 'gemmaX'");
+    fails_with(
+        &["score", "-m", p.to_str().unwrap(), "--ids", "1,2,3"],
+        "unsupported architecture 'gemmaX'",
+    );
 }
 
 /// A minimal, self-consistent Llama GGUF v3 whose embedding is Q4_1, a type
@@ -111,34 +134,72 @@ fn gguf_with_q4_1() -> Vec<u8> {
 #[test]
 fn unsupported_tensor_type_names_the_tensor_and_type() {
     let p = tmp("q41.gguf", &gguf_with_q4_1());
-    fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2"], "token_embd.weight");
-    fails_with(&["score", "-m", p.to_str().unwrap(), "--ids", "1,2"], "Q4_1");
+    fails_with(
+        &["score", "-m", p.to_str().unwrap(), "--ids", "1,2"],
+        "token_embd.weight",
+    );
+    fails_with(
+        &["score", "-m", p.to_str().unwrap(), "--ids", "1,2"],
+        "Q4_1",
+    );
 }
 
 #[test]
 fn prompt_longer_than_the_context_is_a_clear_error() {
     let m = tiny("llama").join("model.gguf");
-    fails_with(&["score", "-m", m.to_str().unwrap(), "--ids", "1,2,3,4,5,6", "--ctx", "4"], "context");
+    fails_with(
+        &[
+            "score",
+            "-m",
+            m.to_str().unwrap(),
+            "--ids",
+            "1,2,3,4,5,6",
+            "--ctx",
+            "4",
+        ],
+        "context",
+    );
 }
 
 #[test]
 fn a_model_without_a_tokenizer_says_so() {
     let m = tiny("qwen3").join("model.gguf");
-    fails_with(&["run", "-m", m.to_str().unwrap(), "-p", "hello"], "tokenizer");
+    fails_with(
+        &["run", "-m", m.to_str().unwrap(), "-p", "hello"],
+        "tokenizer",
+    );
 }
 
 #[test]
 fn bad_arguments_are_clear() {
     let m = tiny("llama").join("model.gguf");
-    fails_with(&["score", "-m", m.to_str().unwrap(), "--ids", "1,x,3"], "'x' is not a token id");
-    fails_with(&["run", "-m", m.to_str().unwrap(), "-p", "a", "--temp=-1"], "--temp");
-    fails_with(&["score", "-m", m.to_str().unwrap(), "--ids", "1,999999"], "outside the vocabulary");
+    fails_with(
+        &["score", "-m", m.to_str().unwrap(), "--ids", "1,x,3"],
+        "'x' is not a token id",
+    );
+    fails_with(
+        &["run", "-m", m.to_str().unwrap(), "-p", "a", "--temp=-1"],
+        "--temp",
+    );
+    fails_with(
+        &["score", "-m", m.to_str().unwrap(), "--ids", "1,999999"],
+        "outside the vocabulary",
+    );
 }
 
 #[test]
 fn score_on_token_ids_of_a_tiny_model() {
     let m = tiny("gemma2").join("model.gguf");
-    let o = spindle(&["score", "-m", m.to_str().unwrap(), "--ids", "5,17,99,3", "--top", "3", "--json"]);
+    let o = spindle(&[
+        "score",
+        "-m",
+        m.to_str().unwrap(),
+        "--ids",
+        "5,17,99,3",
+        "--top",
+        "3",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["tokens"], serde_json::json!([5, 17, 99, 3]));

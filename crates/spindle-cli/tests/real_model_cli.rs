@@ -7,28 +7,57 @@ use std::process::{Command, Output};
 fn model() -> Option<PathBuf> {
     let home = std::env::var_os("SPINDLE_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle")
+        });
     let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
     if p.exists() {
         return Some(p);
     }
-    assert!(std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"), "{} missing", p.display());
+    assert!(
+        std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
+        "{} missing",
+        p.display()
+    );
     eprintln!("skipping: {} not found (run `spindle pull`)", p.display());
     None
 }
 
 fn spindle(args: &[&str]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_spindle")).args(args).output().expect("run spindle");
-    assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(args)
+        .output()
+        .expect("run spindle");
+    assert!(
+        o.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     o
 }
 
 #[test]
 fn run_json_has_the_documented_shape() {
     let Some(m) = model() else { return };
-    let o = spindle(&["run", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "-n", "8", "--temp", "0", "--json", "-t", "2"]);
+    let o = spindle(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--json",
+        "-t",
+        "2",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["prompt_tokens"], serde_json::json!([2, 818, 5279, 529, 7001, 563]));
+    assert_eq!(
+        v["prompt_tokens"],
+        serde_json::json!([2, 818, 5279, 529, 7001, 563])
+    );
     let tokens = v["tokens"].as_array().unwrap();
     assert_eq!(tokens.len(), 8);
     // The reference's first greedy token (margin 0.8 nats) is " the" (506).
@@ -44,7 +73,20 @@ fn run_json_has_the_documented_shape() {
 #[test]
 fn seeded_sampling_is_reproducible() {
     let Some(m) = model() else { return };
-    let args = ["run", "-m", m.to_str().unwrap(), "-p", "Once upon a time", "-n", "12", "--temp", "0.9", "--seed", "7", "--json"];
+    let args = [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "Once upon a time",
+        "-n",
+        "12",
+        "--temp",
+        "0.9",
+        "--seed",
+        "7",
+        "--json",
+    ];
     let a: serde_json::Value = serde_json::from_slice(&spindle(&args).stdout).unwrap();
     let b: serde_json::Value = serde_json::from_slice(&spindle(&args).stdout).unwrap();
     assert_eq!(a["tokens"], b["tokens"]);
@@ -54,15 +96,34 @@ fn seeded_sampling_is_reproducible() {
 fn tokenize_and_detokenize_round_trip() {
     let Some(m) = model() else { return };
     let m = m.to_str().unwrap();
-    let ids: Vec<u32> = serde_json::from_slice(&spindle(&["tokenize", "-m", m, "Hello world"]).stdout).unwrap();
+    let ids: Vec<u32> =
+        serde_json::from_slice(&spindle(&["tokenize", "-m", m, "Hello world"]).stdout).unwrap();
     assert_eq!(ids, vec![2, 9259, 1902]);
-    let no_bos: Vec<u32> = serde_json::from_slice(&spindle(&["tokenize", "-m", m, "--no-bos", "Hello world"]).stdout).unwrap();
+    let no_bos: Vec<u32> =
+        serde_json::from_slice(&spindle(&["tokenize", "-m", m, "--no-bos", "Hello world"]).stdout)
+            .unwrap();
     assert_eq!(no_bos, vec![9259, 1902]);
-    let special: Vec<u32> = serde_json::from_slice(&spindle(&["tokenize", "-m", m, "--no-bos", "<end_of_turn>"]).stdout).unwrap();
+    let special: Vec<u32> = serde_json::from_slice(
+        &spindle(&["tokenize", "-m", m, "--no-bos", "<end_of_turn>"]).stdout,
+    )
+    .unwrap();
     assert_eq!(special, vec![106]);
-    let plain: Vec<u32> =
-        serde_json::from_slice(&spindle(&["tokenize", "-m", m, "--no-bos", "--no-special", "<end_of_turn>"]).stdout).unwrap();
-    assert!(plain.len() > 1, "with --no-special the marker is plain text: {plain:?}");
+    let plain: Vec<u32> = serde_json::from_slice(
+        &spindle(&[
+            "tokenize",
+            "-m",
+            m,
+            "--no-bos",
+            "--no-special",
+            "<end_of_turn>",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        plain.len() > 1,
+        "with --no-special the marker is plain text: {plain:?}"
+    );
     let text = String::from_utf8(spindle(&["detokenize", "-m", m, "2,9259,1902"]).stdout).unwrap();
     assert_eq!(text.trim_end_matches('\n'), "Hello world");
 }
@@ -71,10 +132,23 @@ fn tokenize_and_detokenize_round_trip() {
 fn perplexity_json_and_context_errors() {
     let Some(m) = model() else { return };
     let m = m.to_str().unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../spindle-model/tests/fixtures/real/score_text.txt")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../spindle-model/tests/fixtures/real/score_text.txt"
+    ))
+    .unwrap();
     let file = std::env::temp_dir().join(format!("spindle-ppl-{}.txt", std::process::id()));
     std::fs::write(&file, &text).unwrap();
-    let o = spindle(&["perplexity", "-m", m, "-f", file.to_str().unwrap(), "-c", "64", "--json"]);
+    let o = spindle(&[
+        "perplexity",
+        "-m",
+        m,
+        "-f",
+        file.to_str().unwrap(),
+        "-c",
+        "64",
+        "--json",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     // 254 tokens -> 3 chunks of 64, 31 scored tokens each.
     assert_eq!(v["chunks"], 3);
@@ -83,7 +157,17 @@ fn perplexity_json_and_context_errors() {
     assert!(ppl > 1.0 && ppl < 200.0, "perplexity {ppl}");
 
     let o = Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["run", "-m", m, "-f", file.to_str().unwrap(), "--ctx", "32", "-n", "4"])
+        .args([
+            "run",
+            "-m",
+            m,
+            "-f",
+            file.to_str().unwrap(),
+            "--ctx",
+            "32",
+            "-n",
+            "4",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);

@@ -8,7 +8,9 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error("the prompt is empty: give at least one token")]
     EmptyPrompt,
-    #[error("the prompt has {tokens} tokens but the context holds {ctx}: shorten it or raise --ctx")]
+    #[error(
+        "the prompt has {tokens} tokens but the context holds {ctx}: shorten it or raise --ctx"
+    )]
     PromptTooLong { tokens: usize, ctx: usize },
     #[error("the text has {tokens} tokens, fewer than one chunk of {ctx}: give a longer text or a smaller -c")]
     TextTooShort { tokens: usize, ctx: usize },

@@ -94,25 +94,38 @@ pub struct GenerateOutput {
 /// Runs prompt tokens through the model as chains of at most
 /// [`PREFILL_CHUNK`] rows, committing them; returns the logits of the last
 /// prompt token.
-pub fn prefill(model: &Model, kv: &mut KvCache, seq: SeqId, tokens: &[u32]) -> Result<(Vec<f32>, usize), EngineError> {
+pub fn prefill(
+    model: &Model,
+    kv: &mut KvCache,
+    seq: SeqId,
+    tokens: &[u32],
+) -> Result<(Vec<f32>, usize), EngineError> {
     if tokens.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }
     let start = kv.seq_len(seq);
     if start + tokens.len() > kv.max_len() {
-        return Err(EngineError::PromptTooLong { tokens: start + tokens.len(), ctx: kv.max_len() });
+        return Err(EngineError::PromptTooLong {
+            tokens: start + tokens.len(),
+            ctx: kv.max_len(),
+        });
     }
     let mut passes = 0;
     let mut last = Vec::new();
     for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
         let is_last = (c + 1) * PREFILL_CHUNK >= tokens.len();
         let mut batch = Batch::new();
-        let rows = batch.push_chain(seq, kv.seq_len(seq), chunk, |i| is_last && i + 1 == chunk.len());
+        let rows = batch.push_chain(seq, kv.seq_len(seq), chunk, |i| {
+            is_last && i + 1 == chunk.len()
+        });
         let logits = model.forward(&batch, kv)?;
         kv.commit(seq, &rows.collect::<Vec<_>>())?;
         passes += 1;
         if is_last {
-            last = logits.row(batch.len() - 1).expect("asked for logits").to_vec();
+            last = logits
+                .row(batch.len() - 1)
+                .expect("asked for logits")
+                .to_vec();
         }
     }
     Ok((last, passes))
@@ -139,7 +152,10 @@ fn generate_in(
     req: &GenerateRequest,
     on_token: &mut impl FnMut(u32) -> bool,
 ) -> Result<GenerateOutput, EngineError> {
-    let mut stats = GenerateStats { prompt_tokens: req.prompt.len(), ..Default::default() };
+    let mut stats = GenerateStats {
+        prompt_tokens: req.prompt.len(),
+        ..Default::default()
+    };
     let t0 = Instant::now();
     let (mut logits, passes) = prefill(model, kv, seq, &req.prompt)?;
     stats.prompt_seconds = t0.elapsed().as_secs_f64();
@@ -169,7 +185,13 @@ fn generate_in(
             break FinishReason::Length;
         }
         let mut batch = Batch::new();
-        batch.push(Row { token, pos, seq, parent: None, logits: true });
+        batch.push(Row {
+            token,
+            pos,
+            seq,
+            parent: None,
+            logits: true,
+        });
         let l = model.forward(&batch, kv)?;
         kv.commit(seq, &[0])?;
         stats.passes += 1;
@@ -178,5 +200,9 @@ fn generate_in(
     };
     stats.gen_tokens = out.len();
     stats.gen_seconds = t1.elapsed().as_secs_f64();
-    Ok(GenerateOutput { tokens: out, finish, stats })
+    Ok(GenerateOutput {
+        tokens: out,
+        finish,
+        stats,
+    })
 }

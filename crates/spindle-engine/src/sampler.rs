@@ -54,7 +54,9 @@ impl SamplerConfig {
     }
 
     fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 }
 
@@ -102,9 +104,15 @@ fn apply_penalties(cfg: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
         *counts.entry(t).or_default() += 1;
     }
     for (&t, &c) in &counts {
-        let Some(l) = logits.get_mut(t as usize) else { continue };
+        let Some(l) = logits.get_mut(t as usize) else {
+            continue;
+        };
         if cfg.repetition_penalty != 1.0 {
-            *l = if *l > 0.0 { *l / cfg.repetition_penalty } else { *l * cfg.repetition_penalty };
+            *l = if *l > 0.0 {
+                *l / cfg.repetition_penalty
+            } else {
+                *l * cfg.repetition_penalty
+            };
         }
         *l -= cfg.presence_penalty + cfg.frequency_penalty * c as f32;
     }
@@ -113,7 +121,11 @@ fn apply_penalties(cfg: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
 /// Candidates `(id, logit)` left by top-k, top-p and min-p (in that order,
 /// as Hugging Face applies them).
 fn filter(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
-    let mut cands: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let mut cands: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
     let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if cfg.top_k > 0 && cfg.top_k < cands.len() {
         cands.select_nth_unstable_by(cfg.top_k - 1, by_logit);
@@ -126,7 +138,10 @@ fn filter(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
     // Probabilities at temperature T over the current candidates.
     let inv_t = 1.0 / cfg.temperature as f64;
     let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = cands.iter().map(|c| ((c.1 as f64 - max) * inv_t).exp()).sum();
+    let z: f64 = cands
+        .iter()
+        .map(|c| ((c.1 as f64 - max) * inv_t).exp())
+        .sum();
     if cfg.top_p < 1.0 {
         // Sort only the head of the distribution when it already reaches top_p.
         let head = 1024.min(cands.len());
@@ -170,7 +185,8 @@ fn filter(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
 
 /// A standard Gumbel variate keyed by (seed, position, token).
 fn gumbel(seed: u64, position: u64, token: u64) -> f64 {
-    let h = mix(mix(mix(seed ^ 0x9E37_79B9_7F4A_7C15) ^ position) ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+    let h = mix(mix(mix(seed ^ 0x9E37_79B9_7F4A_7C15) ^ position)
+        ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93));
     // 53 random bits -> u in (0, 1).
     let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
     -(-u.ln()).ln()
@@ -205,7 +221,11 @@ mod tests {
     #[test]
     fn same_key_same_token_and_frequencies_follow_softmax() {
         let l = vec![0.0f32, (2.0f32).ln(), (3.0f32).ln(), (4.0f32).ln()];
-        let cfg = SamplerConfig { temperature: 1.0, seed: 42, ..Default::default() };
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            seed: 42,
+            ..Default::default()
+        };
         let mut counts = [0usize; 4];
         let n = 40_000;
         for pos in 0..n {
@@ -223,26 +243,78 @@ mod tests {
     #[test]
     fn filters_limit_the_candidates() {
         let l = vec![3.0f32, 2.9, 1.0, 0.0, -1.0];
-        let top_k = SamplerConfig { temperature: 1.0, top_k: 2, ..Default::default() };
+        let top_k = SamplerConfig {
+            temperature: 1.0,
+            top_k: 2,
+            ..Default::default()
+        };
         // p = [0.474, 0.429, 0.064, ...]: top-p 0.45 keeps only the first token.
-        let top_p = SamplerConfig { temperature: 1.0, top_p: 0.45, ..Default::default() };
-        let min_p = SamplerConfig { temperature: 1.0, min_p: 0.5, ..Default::default() };
+        let top_p = SamplerConfig {
+            temperature: 1.0,
+            top_p: 0.45,
+            ..Default::default()
+        };
+        let min_p = SamplerConfig {
+            temperature: 1.0,
+            min_p: 0.5,
+            ..Default::default()
+        };
         for pos in 0..2000 {
-            assert!(sample(&SamplerConfig { seed: pos as u64, ..top_k.clone() }, &l, &[], pos) < 2);
-            assert_eq!(sample(&SamplerConfig { seed: pos as u64, ..top_p.clone() }, &l, &[], pos), 0);
-            assert!(sample(&SamplerConfig { seed: pos as u64, ..min_p.clone() }, &l, &[], pos) < 2);
+            assert!(
+                sample(
+                    &SamplerConfig {
+                        seed: pos as u64,
+                        ..top_k.clone()
+                    },
+                    &l,
+                    &[],
+                    pos
+                ) < 2
+            );
+            assert_eq!(
+                sample(
+                    &SamplerConfig {
+                        seed: pos as u64,
+                        ..top_p.clone()
+                    },
+                    &l,
+                    &[],
+                    pos
+                ),
+                0
+            );
+            assert!(
+                sample(
+                    &SamplerConfig {
+                        seed: pos as u64,
+                        ..min_p.clone()
+                    },
+                    &l,
+                    &[],
+                    pos
+                ) < 2
+            );
         }
     }
 
     #[test]
     fn penalties_change_the_choice() {
         let l = vec![2.0f32, 1.5, 0.0];
-        let rep = SamplerConfig { repetition_penalty: 2.0, ..Default::default() };
+        let rep = SamplerConfig {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
         assert_eq!(sample(&rep, &l, &[0], 1), 1);
-        let freq = SamplerConfig { frequency_penalty: 0.3, ..Default::default() };
+        let freq = SamplerConfig {
+            frequency_penalty: 0.3,
+            ..Default::default()
+        };
         assert_eq!(sample(&freq, &l, &[0], 1), 0);
         assert_eq!(sample(&freq, &l, &[0, 0], 2), 1);
-        let pres = SamplerConfig { presence_penalty: 0.6, ..Default::default() };
+        let pres = SamplerConfig {
+            presence_penalty: 0.6,
+            ..Default::default()
+        };
         assert_eq!(sample(&pres, &l, &[0, 0, 0], 3), 1);
     }
 }

@@ -31,7 +31,11 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
 pub fn top_k(logprobs: &[f64], k: usize) -> Vec<TokenLogprob> {
     let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();
     let k = k.min(idx.len());
-    let cmp = |a: &u32, b: &u32| logprobs[*b as usize].total_cmp(&logprobs[*a as usize]).then(a.cmp(b));
+    let cmp = |a: &u32, b: &u32| {
+        logprobs[*b as usize]
+            .total_cmp(&logprobs[*a as usize])
+            .then(a.cmp(b))
+    };
     if k == 0 {
         return vec![];
     }
@@ -40,7 +44,12 @@ pub fn top_k(logprobs: &[f64], k: usize) -> Vec<TokenLogprob> {
         idx.truncate(k);
     }
     idx.sort_by(cmp);
-    idx.into_iter().map(|id| TokenLogprob { id, logprob: logprobs[id as usize] }).collect()
+    idx.into_iter()
+        .map(|id| TokenLogprob {
+            id,
+            logprob: logprobs[id as usize],
+        })
+        .collect()
 }
 
 /// Scores every position after the first of `tokens` in one pass (chunks of
@@ -57,7 +66,10 @@ pub fn score_positions(
         return Err(EngineError::EmptyPrompt);
     }
     if tokens.len() > kv.max_len() {
-        return Err(EngineError::PromptTooLong { tokens: tokens.len(), ctx: kv.max_len() });
+        return Err(EngineError::PromptTooLong {
+            tokens: tokens.len(),
+            ctx: kv.max_len(),
+        });
     }
     let seq = kv.add_sequence();
     let mut passes = 0;
@@ -86,11 +98,20 @@ pub fn score_positions(
 
 /// For each position after the first: the actual token's log-probability and
 /// the top `k` alternatives.
-pub fn score(model: &Model, kv: &mut KvCache, tokens: &[u32], k: usize) -> Result<Vec<PositionScore>, EngineError> {
+pub fn score(
+    model: &Model,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    k: usize,
+) -> Result<Vec<PositionScore>, EngineError> {
     let mut out = Vec::with_capacity(tokens.len().saturating_sub(1));
     score_positions(model, kv, tokens, 0, |i, lp| {
         let id = tokens[i + 1];
-        out.push(PositionScore { id, logprob: lp[id as usize], top: top_k(lp, k) });
+        out.push(PositionScore {
+            id,
+            logprob: lp[id as usize],
+            top: top_k(lp, k),
+        });
     })?;
     Ok(out)
 }
@@ -115,7 +136,10 @@ pub fn perplexity(
 ) -> Result<Perplexity, EngineError> {
     let n_chunks = tokens.len() / ctx.max(1);
     if ctx < 4 || n_chunks == 0 {
-        return Err(EngineError::TextTooShort { tokens: tokens.len(), ctx });
+        return Err(EngineError::TextTooShort {
+            tokens: tokens.len(),
+            ctx,
+        });
     }
     let first = ctx / 2;
     let mut nll = 0.0f64;
@@ -131,5 +155,9 @@ pub fn perplexity(
         })?;
         progress(c + 1, n_chunks, (nll / count as f64).exp());
     }
-    Ok(Perplexity { perplexity: (nll / count as f64).exp(), chunks: n_chunks, tokens_scored: count })
+    Ok(Perplexity {
+        perplexity: (nll / count as f64).exp(),
+        chunks: n_chunks,
+        tokens_scored: count,
+    })
 }

@@ -123,15 +123,8 @@ fn head_of<E>(rows: &[E], at: usize, d: usize) -> &[E] {
 #[inline]
 fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     let mut acc = [0.0f32; 8];
-    let chunks = q.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            let i = c * 8 + l;
-            acc[l] += q[i] * k[i].to_f32();
-        }
-    }
-    for i in chunks * 8..q.len() {
-        acc[i % 8] += q[i] * k[i].to_f32();
+    for (i, (&a, &b)) in q.iter().zip(k).enumerate() {
+        acc[i % 8] += a * b.to_f32();
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }

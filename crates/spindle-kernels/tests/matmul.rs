@@ -45,57 +45,63 @@ fn effective_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// Checks `got` (n x rows) against an f64 reference.
-fn check_reference(
+/// A random weight matrix under test.
+struct Weights {
     ty: GgmlType,
-    w: &[u8],
     rows: usize,
     cols: usize,
-    x: &[f32],
-    n: usize,
-    got: &[f32],
-    what: &str,
-) {
-    let mut wf = vec![0.0f32; rows * cols];
-    dequantize(ty, w, &mut wf).unwrap();
-    let a = effective_acts(ty, x, n, cols);
-    for i in 0..n {
-        let ar = &a[i * cols..(i + 1) * cols];
-        for r in 0..rows {
-            let wr = &wf[r * cols..(r + 1) * cols];
-            let wmax = wr.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
-            let mut dot = 0.0f64;
-            let mut scale = 0.0f64;
-            for (&wv, &av) in wr.iter().zip(ar) {
-                dot += wv as f64 * av as f64;
-                // f32 accumulation error, plus the rounding of the f32
-                // dequantized weights (K types subtract a min: up to wmax).
-                scale += (av as f64).abs() * ((wv as f64).abs() + wmax);
-            }
-            let g = got[i * rows + r] as f64;
-            let tol = 1e-5 * scale + 1e-30;
-            assert!(
-                (g - dot).abs() <= tol,
-                "{what}: {ty} {rows}x{cols} n={n} out[{i},{r}] = {g}, reference {dot} (tol {tol})"
-            );
-        }
-    }
+    data: Vec<u8>,
 }
 
-fn run(
-    isa: Isa,
-    ty: GgmlType,
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    pool: &ThreadPool,
-) -> Vec<f32> {
-    let view = WeightView::new(ty, rows, cols, w).unwrap();
-    let mut out = vec![f32::NAN; n * rows];
-    matmul_with_isa(isa, &view, x, n, &mut out, pool).unwrap();
-    out
+impl Weights {
+    fn random(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Self {
+        let data = random_weights(rng, ty, rows, cols);
+        Weights {
+            ty,
+            rows,
+            cols,
+            data,
+        }
+    }
+
+    fn view(&self) -> WeightView<'_> {
+        WeightView::new(self.ty, self.rows, self.cols, &self.data).unwrap()
+    }
+
+    fn run(&self, isa: Isa, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<f32> {
+        let mut out = vec![f32::NAN; n * self.rows];
+        matmul_with_isa(isa, &self.view(), x, n, &mut out, pool).unwrap();
+        out
+    }
+
+    /// Checks `got` (n x rows) against an f64 reference.
+    fn check_reference(&self, x: &[f32], n: usize, got: &[f32], what: &str) {
+        let (ty, rows, cols) = (self.ty, self.rows, self.cols);
+        let mut wf = vec![0.0f32; rows * cols];
+        dequantize(ty, &self.data, &mut wf).unwrap();
+        let a = effective_acts(ty, x, n, cols);
+        for i in 0..n {
+            let ar = &a[i * cols..(i + 1) * cols];
+            for r in 0..rows {
+                let wr = &wf[r * cols..(r + 1) * cols];
+                let wmax = wr.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
+                let mut dot = 0.0f64;
+                let mut scale = 0.0f64;
+                for (&wv, &av) in wr.iter().zip(ar) {
+                    dot += wv as f64 * av as f64;
+                    // f32 accumulation error, plus the rounding of the f32
+                    // dequantized weights (K types subtract a min: up to wmax).
+                    scale += (av as f64).abs() * ((wv as f64).abs() + wmax);
+                }
+                let g = got[i * rows + r] as f64;
+                let tol = 1e-5 * scale + 1e-30;
+                assert!(
+                    (g - dot).abs() <= tol,
+                    "{what}: {ty} {rows}x{cols} n={n} out[{i},{r}] = {g}, reference {dot} (tol {tol})"
+                );
+            }
+        }
+    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -122,13 +128,13 @@ fn matches_reference_on_every_isa() {
     for ty in GgmlType::ALL {
         for &cols in col_cases(ty) {
             for (rows, n) in [(1, 1), (3, 7), (7, 3), (17, 17), (5, 1)] {
-                let w = random_weights(&mut rng, ty, rows, cols);
+                let w = Weights::random(&mut rng, ty, rows, cols);
                 let x = random_acts(&mut rng, n, cols);
                 let mut first: Option<Vec<u32>> = None;
                 for isa in available_isas() {
                     for pool in &pools {
-                        let out = run(isa, ty, &w, rows, cols, &x, n, pool);
-                        check_reference(ty, &w, rows, cols, &x, n, &out, isa.name());
+                        let out = w.run(isa, &x, n, pool);
+                        w.check_reference(&x, n, &out, isa.name());
                         // Every ISA and thread count gives the same bits.
                         match &first {
                             None => first = Some(bits(&out)),
@@ -164,14 +170,14 @@ fn batch_and_thread_invariant_bit_identical() {
     let n = 16;
     for ty in GgmlType::ALL {
         let (rows, cols) = invariance_shape(ty);
-        let w = random_weights(&mut rng, ty, rows, cols);
+        let w = Weights::random(&mut rng, ty, rows, cols);
         let x = random_acts(&mut rng, n, cols);
         let isas = available_isas();
-        let reference = bits(&run(isas[0], ty, &w, rows, cols, &x, n, &pools[0]));
+        let reference = bits(&w.run(isas[0], &x, n, &pools[0]));
         for &isa in &isas {
             for pool in &pools {
                 // The whole batch.
-                let full = run(isa, ty, &w, rows, cols, &x, n, pool);
+                let full = w.run(isa, &x, n, pool);
                 assert_same(
                     &bits(&full),
                     &reference,
@@ -179,16 +185,7 @@ fn batch_and_thread_invariant_bit_identical() {
                 );
                 // Each row alone.
                 for i in 0..n {
-                    let one = run(
-                        isa,
-                        ty,
-                        &w,
-                        rows,
-                        cols,
-                        &x[i * cols..(i + 1) * cols],
-                        1,
-                        pool,
-                    );
+                    let one = w.run(isa, &x[i * cols..(i + 1) * cols], 1, pool);
                     assert_same(
                         &bits(&one),
                         &reference[i * rows..(i + 1) * rows],
@@ -196,7 +193,7 @@ fn batch_and_thread_invariant_bit_identical() {
                     );
                 }
                 // A slice of 5 rows, and the same rows among other neighbours.
-                let five = run(isa, ty, &w, rows, cols, &x[3 * cols..8 * cols], 5, pool);
+                let five = w.run(isa, &x[3 * cols..8 * cols], 5, pool);
                 assert_same(
                     &bits(&five),
                     &reference[3 * rows..8 * rows],
@@ -204,7 +201,7 @@ fn batch_and_thread_invariant_bit_identical() {
                 );
                 let mut mixed = random_acts(&mut rng, 7, cols);
                 mixed[2 * cols..3 * cols].copy_from_slice(&x[5 * cols..6 * cols]);
-                let m = run(isa, ty, &w, rows, cols, &mixed, 7, pool);
+                let m = w.run(isa, &mixed, 7, pool);
                 assert_same(
                     &bits(&m[2 * rows..3 * rows]),
                     &reference[5 * rows..6 * rows],
@@ -221,12 +218,11 @@ fn default_isa_is_available_and_used() {
     let mut rng = StdRng::seed_from_u64(3);
     let pool = ThreadPool::new(2);
     let (rows, cols, n) = (9, 64, 2);
-    let w = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
+    let w = Weights::random(&mut rng, GgmlType::Q8_0, rows, cols);
     let x = random_acts(&mut rng, n, cols);
-    let view = WeightView::new(GgmlType::Q8_0, rows, cols, &w).unwrap();
     let mut out = vec![0.0; n * rows];
-    matmul(&view, &x, n, &mut out, &pool).unwrap();
-    let again = run(detected_isa(), GgmlType::Q8_0, &w, rows, cols, &x, n, &pool);
+    matmul(&w.view(), &x, n, &mut out, &pool).unwrap();
+    let again = w.run(detected_isa(), &x, n, &pool);
     assert_same(
         &bits(&out),
         &bits(&again),

@@ -138,12 +138,14 @@ fn kernels_in_cache() {
     ] {
         bench(&one, ty, rows, cols, 1, 0.3);
     }
-    for (ty, rows, cols) in [
-        (GgmlType::Q8_0, 256, 640),
-        (GgmlType::Q5_0, 256, 640),
-        (GgmlType::Q4_K, 128, 1024),
-        (GgmlType::Q6_K, 128, 1024),
+    for (ty, rows, cols, n) in [
+        (GgmlType::Q8_0, 256, 640, 16),
+        (GgmlType::Q5_0, 256, 640, 16),
+        (GgmlType::Q4_K, 128, 1024, 16),
+        (GgmlType::Q6_K, 128, 1024, 16),
+        (GgmlType::Q4_K, 640, 2048, 1),
+        (GgmlType::Q4_K, 640, 2048, 64),
     ] {
-        bench(&one, ty, rows, cols, 16, 0.3);
+        bench(&one, ty, rows, cols, n, 0.3);
     }
 }

@@ -98,10 +98,22 @@ impl Family {
         };
         match self {
             Family::Llama => base,
-            Family::Mistral => ArchSpec { sliding: SlidingPattern::All, ..base },
-            Family::Qwen2 => ArchSpec { qkv_bias: true, ..base },
-            Family::Qwen3 => ArchSpec { qk_norm: true, ..base },
-            Family::Gemma2 => ArchSpec { sliding: SlidingPattern::EvenLayers, ..gemma },
+            Family::Mistral => ArchSpec {
+                sliding: SlidingPattern::All,
+                ..base
+            },
+            Family::Qwen2 => ArchSpec {
+                qkv_bias: true,
+                ..base
+            },
+            Family::Qwen3 => ArchSpec {
+                qk_norm: true,
+                ..base
+            },
+            Family::Gemma2 => ArchSpec {
+                sliding: SlidingPattern::EvenLayers,
+                ..gemma
+            },
             Family::Gemma3 => ArchSpec {
                 qk_norm: true,
                 sliding: SlidingPattern::GlobalEvery(6),
@@ -117,8 +129,8 @@ impl SlidingPattern {
         match self {
             SlidingPattern::None => false,
             SlidingPattern::All => true,
-            SlidingPattern::EvenLayers => layer % 2 == 0,
-            SlidingPattern::GlobalEvery(n) => (layer + 1) % n != 0,
+            SlidingPattern::EvenLayers => layer.is_multiple_of(2),
+            SlidingPattern::GlobalEvery(n) => !(layer + 1).is_multiple_of(n),
         }
     }
 }

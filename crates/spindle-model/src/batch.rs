@@ -49,7 +49,13 @@ impl Batch {
         let first = self.rows.len();
         for (i, &token) in tokens.iter().enumerate() {
             let parent = if i == 0 { None } else { Some(first + i - 1) };
-            self.rows.push(Row { token, pos: start + i, seq, parent, logits: logits(i) });
+            self.rows.push(Row {
+                token,
+                pos: start + i,
+                seq,
+                parent,
+                logits: logits(i),
+            });
         }
         first..self.rows.len()
     }

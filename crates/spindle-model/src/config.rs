@@ -11,9 +11,16 @@ use crate::error::ModelError;
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.x: per-frequency divisors from wavelength bands.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: f32 },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_context: f32,
+    },
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -69,8 +76,8 @@ impl ModelConfig {
             .architecture()
             .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))?
             .to_string();
-        let family =
-            Family::from_name(&arch).ok_or_else(|| ModelError::UnsupportedArchitecture(arch.clone()))?;
+        let family = Family::from_name(&arch)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture(arch.clone()))?;
         let spec = family.spec();
         let key = |k: &str| format!("{arch}.{k}");
         let req = |k: &str| -> Result<usize, ModelError> {
@@ -82,7 +89,9 @@ impl ModelConfig {
         let n_embd = req("embedding_length")?;
         let n_head = req("attention.head_count")?;
         let n_ff = ff_length(gguf, &key("feed_forward_length"))?;
-        let n_head_kv = gguf.get_u64(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize);
+        let n_head_kv = gguf
+            .get_u64(&key("attention.head_count_kv"))
+            .map_or(n_head, |v| v as usize);
         let head_dim = gguf
             .get_u64(&key("attention.key_length"))
             .map_or(n_embd / n_head.max(1), |v| v as usize);
@@ -90,11 +99,18 @@ impl ModelConfig {
             .tensor("token_embd.weight")
             .and_then(|t| t.dims.get(1).copied())
             .map(|v| v as usize)
-            .ok_or_else(|| ModelError::MissingTensor { name: "token_embd.weight".into(), arch: arch.clone() })?;
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: "token_embd.weight".into(),
+                arch: arch.clone(),
+            })?;
         let f = |k: &str| gguf.get_f64(&key(k)).map(|v| v as f32);
-        let sliding_window = gguf.get_u64(&key("attention.sliding_window")).map(|v| v as usize);
+        let sliding_window = gguf
+            .get_u64(&key("attention.sliding_window"))
+            .map(|v| v as usize);
         let rope_scaling = match gguf.get_str(&key("rope.scaling.type")) {
-            Some("linear") => RopeScaling::Linear { factor: f("rope.scaling.factor").unwrap_or(1.0) },
+            Some("linear") => RopeScaling::Linear {
+                factor: f("rope.scaling.factor").unwrap_or(1.0),
+            },
             // Llama 3 scaling is baked into the `rope_freqs.weight` tensor by the converter.
             _ => RopeScaling::None,
         };
@@ -119,7 +135,9 @@ impl ModelConfig {
             n_head_kv,
             head_dim,
             vocab_size,
-            context_length: gguf.get_u64(&key("context_length")).map_or(4096, |v| v as usize),
+            context_length: gguf
+                .get_u64(&key("context_length"))
+                .map_or(4096, |v| v as usize),
             rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_base: f("rope.freq_base").unwrap_or(10_000.0),
             // GGUF Llama q/k rows are permuted at conversion so pairs are adjacent.
@@ -147,7 +165,10 @@ impl ModelConfig {
         let family = Family::from_name(&model_type)
             .ok_or_else(|| ModelError::UnsupportedArchitecture(model_type.clone()))?;
         let mut spec = family.spec();
-        let req = |k: &str| cfg.get_usize(k).ok_or_else(|| ModelError::MissingMetadata(k.into()));
+        let req = |k: &str| {
+            cfg.get_usize(k)
+                .ok_or_else(|| ModelError::MissingMetadata(k.into()))
+        };
         let n_layers = req("num_hidden_layers")?;
         let n_embd = req("hidden_size")?;
         let n_head = req("num_attention_heads")?;
@@ -160,12 +181,20 @@ impl ModelConfig {
         let full_params = rope_params
             .as_ref()
             .and_then(|p| p.get("full_attention").cloned().or_else(|| Some(p.clone())));
-        let local_params = rope_params.as_ref().and_then(|p| p.get("sliding_attention").cloned());
+        let local_params = rope_params
+            .as_ref()
+            .and_then(|p| p.get("sliding_attention").cloned());
         let num = |v: &Option<serde_json::Value>, k: &str| {
-            v.as_ref().and_then(|p| p.get(k)).and_then(|x| x.as_f64()).map(|x| x as f32)
+            v.as_ref()
+                .and_then(|p| p.get(k))
+                .and_then(|x| x.as_f64())
+                .map(|x| x as f32)
         };
-        let rope_base = num(&full_params, "rope_theta").or_else(|| f("rope_theta")).unwrap_or(10_000.0);
-        if let Some(local) = num(&local_params, "rope_theta").or_else(|| f("rope_local_base_freq")) {
+        let rope_base = num(&full_params, "rope_theta")
+            .or_else(|| f("rope_theta"))
+            .unwrap_or(10_000.0);
+        if let Some(local) = num(&local_params, "rope_theta").or_else(|| f("rope_local_base_freq"))
+        {
             spec.local_rope_base = Some(local);
         }
         let scaling_obj = full_params
@@ -175,10 +204,16 @@ impl ModelConfig {
             .filter(|v| !v.is_null());
         let rope_scaling = match scaling_obj {
             Some(s) => {
-                let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
+                let kind = s
+                    .get("rope_type")
+                    .or_else(|| s.get("type"))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("default");
                 let g = |k: &str, d: f32| s.get(k).and_then(|v| v.as_f64()).map_or(d, |v| v as f32);
                 match kind {
-                    "linear" => RopeScaling::Linear { factor: g("factor", 1.0) },
+                    "linear" => RopeScaling::Linear {
+                        factor: g("factor", 1.0),
+                    },
                     "llama3" => RopeScaling::Llama3 {
                         factor: g("factor", 8.0),
                         low_freq_factor: g("low_freq_factor", 1.0),
@@ -191,7 +226,9 @@ impl ModelConfig {
             None => RopeScaling::None,
         };
 
-        let use_sliding = cfg.get_bool("use_sliding_window").unwrap_or(family != Family::Qwen2 && family != Family::Qwen3);
+        let use_sliding = cfg
+            .get_bool("use_sliding_window")
+            .unwrap_or(family != Family::Qwen2 && family != Family::Qwen3);
         let sliding_window = cfg.get_usize("sliding_window").filter(|_| use_sliding);
         let layer_sliding: Vec<bool> = match cfg.get("layer_types").and_then(|v| v.as_array()) {
             Some(types) if types.len() == n_layers => types
@@ -203,7 +240,9 @@ impl ModelConfig {
                 .collect(),
         };
         if family == Family::Qwen2 || family == Family::Llama {
-            spec.qkv_bias = cfg.get_bool("attention_bias").unwrap_or(family == Family::Qwen2);
+            spec.qkv_bias = cfg
+                .get_bool("attention_bias")
+                .unwrap_or(family == Family::Qwen2);
         }
         let attn_scale = match f("query_pre_attn_scalar") {
             Some(s) if matches!(family, Family::Gemma2 | Family::Gemma3) => 1.0 / s.sqrt(),
@@ -233,7 +272,12 @@ impl ModelConfig {
 
     /// Per-pair frequency divisors for Llama 3 scaling (the reference's formula).
     pub fn llama3_freq_factors(&self) -> Option<Vec<f32>> {
-        let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context } = self.rope_scaling
+        let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context,
+        } = self.rope_scaling
         else {
             return None;
         };
@@ -250,7 +294,8 @@ impl ModelConfig {
                     } else if wavelen > low_wavelen {
                         inv / factor
                     } else {
-                        let smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (original_context / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * inv / factor + smooth * inv
                     };
                     inv / scaled
@@ -263,7 +308,9 @@ impl ModelConfig {
 /// `feed_forward_length` is a scalar, or an array with one value per layer
 /// (all equal in the models Spindle runs).
 fn ff_length(gguf: &GgufFile, key: &str) -> Result<usize, ModelError> {
-    let v = gguf.get(key).ok_or_else(|| ModelError::MissingMetadata(key.into()))?;
+    let v = gguf
+        .get(key)
+        .ok_or_else(|| ModelError::MissingMetadata(key.into()))?;
     if let Some(n) = v.as_u64() {
         return Ok(n as usize);
     }

@@ -18,7 +18,11 @@ pub enum ModelError {
     #[error("model tensor '{name}' is missing: the file is incomplete or not a {arch} model")]
     MissingTensor { name: String, arch: String },
     #[error("tensor '{name}' has shape {got:?}, expected {want:?}: the file does not match its own metadata")]
-    BadShape { name: String, got: Vec<usize>, want: Vec<usize> },
+    BadShape {
+        name: String,
+        got: Vec<usize>,
+        want: Vec<usize>,
+    },
     #[error("{0}")]
     InvalidBatch(String),
     #[error("sequence {seq} would reach {len} tokens, past the context of {ctx}: shorten the prompt or raise --ctx")]

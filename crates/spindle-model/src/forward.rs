@@ -49,7 +49,10 @@ struct RowPlan {
 
 impl Model {
     pub fn new(config: ModelConfig, weights: Weights, n_threads: usize) -> Self {
-        let factors = weights.rope_freqs.clone().or_else(|| config.llama3_freq_factors());
+        let factors = weights
+            .rope_freqs
+            .clone()
+            .or_else(|| config.llama3_freq_factors());
         let linear = match config.rope_scaling {
             crate::config::RopeScaling::Linear { factor } => factor,
             _ => 1.0,
@@ -59,10 +62,21 @@ impl Model {
                 let sliding = config.layer_sliding[l];
                 // Gemma 3 scales only its global layers.
                 let scale = if sliding { 1.0 } else { linear };
-                RopeTable::new(config.rope_style, config.layer_rope_base(l), config.head_dim, factors.as_deref(), scale)
+                RopeTable::new(
+                    config.rope_style,
+                    config.layer_rope_base(l),
+                    config.head_dim,
+                    factors.as_deref(),
+                    scale,
+                )
             })
             .collect();
-        Model { config, weights, ropes, pool: ThreadPool::new(n_threads.max(1)) }
+        Model {
+            config,
+            weights,
+            ropes,
+            pool: ThreadPool::new(n_threads.max(1)),
+        }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -77,7 +91,12 @@ impl Model {
     /// The KV type that keeps this model's accuracy: f32 for float32 weights
     /// (reference models), f16 otherwise.
     pub fn default_kv_type(&self) -> KvType {
-        if self.weights.layers.first().is_some_and(|l| l.wq.ty == spindle_formats::GgmlType::F32) {
+        if self
+            .weights
+            .layers
+            .first()
+            .is_some_and(|l| l.wq.ty == spindle_formats::GgmlType::F32)
+        {
             KvType::F32
         } else {
             KvType::F16
@@ -100,15 +119,30 @@ impl Model {
             let want_pos = match row.parent {
                 None => seq.len,
                 Some(p) if p < i && batch.rows[p].seq == row.seq => batch.rows[p].pos + 1,
-                Some(p) => return invalid(format!("row {i}: parent {p} is not an earlier row of sequence {}", row.seq)),
+                Some(p) => {
+                    return invalid(format!(
+                        "row {i}: parent {p} is not an earlier row of sequence {}",
+                        row.seq
+                    ))
+                }
             };
             if row.pos != want_pos {
-                return invalid(format!("row {i}: position {} should be {want_pos}", row.pos));
+                return invalid(format!(
+                    "row {i}: position {} should be {want_pos}",
+                    row.pos
+                ));
             }
             if row.pos >= kv.max_len() {
-                return Err(ModelError::ContextFull { seq: row.seq, len: row.pos + 1, ctx: kv.max_len() });
+                return Err(ModelError::ContextFull {
+                    seq: row.seq,
+                    len: row.pos + 1,
+                    ctx: kv.max_len(),
+                });
             }
-            plans.push(RowPlan { ctx_len: seq.len, path: batch.path(i) });
+            plans.push(RowPlan {
+                ctx_len: seq.len,
+                path: batch.path(i),
+            });
         }
         Ok(plans)
     }
@@ -159,10 +193,12 @@ impl Model {
             add_bias(&mut k, lw.bk.as_deref());
             add_bias(&mut v, lw.bv.as_deref());
             if let Some(qn) = &lw.q_norm {
-                q.chunks_exact_mut(hd).for_each(|head| rms_norm_inplace(head, qn, cfg.rms_eps));
+                q.chunks_exact_mut(hd)
+                    .for_each(|head| rms_norm_inplace(head, qn, cfg.rms_eps));
             }
             if let Some(kn) = &lw.k_norm {
-                k.chunks_exact_mut(hd).for_each(|head| rms_norm_inplace(head, kn, cfg.rms_eps));
+                k.chunks_exact_mut(hd)
+                    .for_each(|head| rms_norm_inplace(head, kn, cfg.rms_eps));
             }
             for (i, row) in batch.rows.iter().enumerate() {
                 self.ropes[l].apply(&mut q[i * qd..(i + 1) * qd], hd, row.pos);
@@ -176,7 +212,8 @@ impl Model {
             self.attention(l, batch, &plans, kv, &q, &mut attn);
             self.matmul(&lw.wo, &attn, n, &mut o)?;
             if let Some(pn) = &lw.post_attn_norm {
-                o.chunks_exact_mut(e).for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
+                o.chunks_exact_mut(e)
+                    .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
             }
             h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
@@ -187,7 +224,8 @@ impl Model {
             gated(cfg.spec.activation, &mut gate, &up);
             self.matmul(&lw.w_down, &gate, n, &mut o)?;
             if let Some(pn) = &lw.post_ffn_norm {
-                o.chunks_exact_mut(e).for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
+                o.chunks_exact_mut(e)
+                    .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
             }
             h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         }
@@ -196,7 +234,12 @@ impl Model {
         let rows: Vec<usize> = (0..n).filter(|&i| batch.rows[i].logits).collect();
         let mut hn = vec![0.0f32; rows.len() * e];
         for (j, &i) in rows.iter().enumerate() {
-            rms_norm(&h[i * e..(i + 1) * e], &w.output_norm, cfg.rms_eps, &mut hn[j * e..(j + 1) * e]);
+            rms_norm(
+                &h[i * e..(i + 1) * e],
+                &w.output_norm,
+                cfg.rms_eps,
+                &mut hn[j * e..(j + 1) * e],
+            );
         }
         let mut data = vec![0.0f32; rows.len() * cfg.vocab_size];
         if !rows.is_empty() {
@@ -205,19 +248,41 @@ impl Model {
         if let Some(cap) = cfg.final_softcap {
             soft_cap(&mut data, cap);
         }
-        Ok(Logits { vocab: cfg.vocab_size, rows, data })
+        Ok(Logits {
+            vocab: cfg.vocab_size,
+            rows,
+            data,
+        })
     }
 
     fn matmul(&self, m: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
-        matmul(&m.view(), &x[..n * m.cols], n, &mut out[..n * m.rows], &self.pool)?;
+        matmul(
+            &m.view(),
+            &x[..n * m.cols],
+            n,
+            &mut out[..n * m.rows],
+            &self.pool,
+        )?;
         Ok(())
     }
 
     /// Every (row, head) of the pass attends over its window of committed KV
     /// and its path in the batch.
-    fn attention(&self, layer: usize, batch: &Batch, plans: &[RowPlan], kv: &KvCache, q: &[f32], out: &mut [f32]) {
+    fn attention(
+        &self,
+        layer: usize,
+        batch: &Batch,
+        plans: &[RowPlan],
+        kv: &KvCache,
+        q: &[f32],
+        out: &mut [f32],
+    ) {
         let cfg = &self.config;
-        let window = if cfg.layer_sliding[layer] { cfg.sliding_window } else { None };
+        let window = if cfg.layer_sliding[layer] {
+            cfg.sliding_window
+        } else {
+            None
+        };
         let group = cfg.n_head / cfg.n_head_kv.max(1);
         let hd = cfg.head_dim;
         let out_heads = DisjointChunks::new(out, hd);
@@ -229,8 +294,12 @@ impl Model {
             // Keys at positions > pos - window are visible.
             let first = window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
             let ctx = first.min(plan.ctx_len)..plan.ctx_len;
-            let tail: Vec<usize> =
-                plan.path.iter().copied().filter(|&r| batch.rows[r].pos >= first).collect();
+            let tail: Vec<usize> = plan
+                .path
+                .iter()
+                .copied()
+                .filter(|&r| batch.rows[r].pos >= first)
+                .collect();
             let query = HeadQuery {
                 q: &q[(i * cfg.n_head + head) * hd..(i * cfg.n_head + head + 1) * hd],
                 kv_offset: (head / group) * hd,
@@ -242,12 +311,26 @@ impl Model {
             let dst = unsafe { out_heads.chunk_mut(t) };
             let mut scores = Vec::with_capacity(ctx.len() + tail.len());
             match (&committed.k, &committed.v, &scratch.k, &scratch.v) {
-                (KvBuf::F32(ck), KvBuf::F32(cv), KvBuf::F32(sk), KvBuf::F32(sv)) => {
-                    attend(&query, (ck, cv), ctx, (sk, sv), &tail, cfg.kv_dim(), &mut scores, dst)
-                }
-                (KvBuf::F16(ck), KvBuf::F16(cv), KvBuf::F16(sk), KvBuf::F16(sv)) => {
-                    attend(&query, (ck, cv), ctx, (sk, sv), &tail, cfg.kv_dim(), &mut scores, dst)
-                }
+                (KvBuf::F32(ck), KvBuf::F32(cv), KvBuf::F32(sk), KvBuf::F32(sv)) => attend(
+                    &query,
+                    (ck, cv),
+                    ctx,
+                    (sk, sv),
+                    &tail,
+                    cfg.kv_dim(),
+                    &mut scores,
+                    dst,
+                ),
+                (KvBuf::F16(ck), KvBuf::F16(cv), KvBuf::F16(sk), KvBuf::F16(sv)) => attend(
+                    &query,
+                    (ck, cv),
+                    ctx,
+                    (sk, sv),
+                    &tail,
+                    cfg.kv_dim(),
+                    &mut scores,
+                    dst,
+                ),
                 _ => unreachable!("KV buffers of one cache share a type"),
             }
         };
@@ -266,8 +349,16 @@ fn attend<E: KvElem>(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let c = KvRows { k: committed.0, v: committed.1, stride };
-    let s = KvRows { k: scratch.0, v: scratch.1, stride };
+    let c = KvRows {
+        k: committed.0,
+        v: committed.1,
+        stride,
+    };
+    let s = KvRows {
+        k: scratch.0,
+        v: scratch.1,
+        stride,
+    };
     attend_head(query, c, ctx, s, tail, scores, out);
 }
 

@@ -98,7 +98,10 @@ pub struct LayerKv {
 
 impl LayerKv {
     fn new(ty: KvType) -> Self {
-        LayerKv { k: KvBuf::new(ty), v: KvBuf::new(ty) }
+        LayerKv {
+            k: KvBuf::new(ty),
+            v: KvBuf::new(ty),
+        }
     }
 }
 
@@ -137,7 +140,10 @@ impl KvCache {
             kv_dim,
             max_len,
             seqs: Vec::new(),
-            scratch: Scratch { layers: (0..n_layers).map(|_| LayerKv::new(ty)).collect(), rows: Vec::new() },
+            scratch: Scratch {
+                layers: (0..n_layers).map(|_| LayerKv::new(ty)).collect(),
+                rows: Vec::new(),
+            },
         }
     }
 
@@ -155,7 +161,10 @@ impl KvCache {
 
     /// Opens an empty sequence.
     pub fn add_sequence(&mut self) -> SeqId {
-        let seq = SeqKv { len: 0, layers: (0..self.n_layers).map(|_| LayerKv::new(self.ty)).collect() };
+        let seq = SeqKv {
+            len: 0,
+            layers: (0..self.n_layers).map(|_| LayerKv::new(self.ty)).collect(),
+        };
         if let Some(i) = self.seqs.iter().position(Option::is_none) {
             self.seqs[i] = Some(seq);
             i
@@ -195,7 +204,9 @@ impl KvCache {
         let max_len = self.max_len;
         for &r in rows {
             let Some(&(rseq, pos)) = self.scratch.rows.get(r) else {
-                return Err(ModelError::InvalidBatch(format!("row {r} is not in the last pass")));
+                return Err(ModelError::InvalidBatch(format!(
+                    "row {r} is not in the last pass"
+                )));
             };
             let s = self.seqs.get(seq).and_then(Option::as_ref);
             let len = s.map_or(0, |s| s.len);
@@ -205,7 +216,11 @@ impl KvCache {
                 )));
             }
             if len + 1 > max_len {
-                return Err(ModelError::ContextFull { seq, len: len + 1, ctx: max_len });
+                return Err(ModelError::ContextFull {
+                    seq,
+                    len: len + 1,
+                    ctx: max_len,
+                });
             }
             let scratch = std::mem::take(&mut self.scratch.layers);
             let s = self.seq_mut(seq)?;
@@ -238,7 +253,12 @@ impl KvCache {
         self.seqs
             .iter()
             .flatten()
-            .map(|s| s.layers.iter().map(|l| (l.k.len() + l.v.len()) * self.ty.bytes()).sum::<usize>())
+            .map(|s| {
+                s.layers
+                    .iter()
+                    .map(|l| (l.k.len() + l.v.len()) * self.ty.bytes())
+                    .sum::<usize>()
+            })
             .sum()
     }
 }

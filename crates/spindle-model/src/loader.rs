@@ -22,7 +22,10 @@ pub struct LoadedModel {
 
 /// Loads the model at `path` with `n_threads` compute threads.
 pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     if !path.exists() {
         return Err(ModelError::Open {
             path: path.display().to_string(),
@@ -31,24 +34,44 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
     }
     if path.is_dir() {
         if !spindle_formats::is_hf_dir(path) {
-            return Err(ModelError::NotAModel { path: path.display().to_string() });
+            return Err(ModelError::NotAModel {
+                path: path.display().to_string(),
+            });
         }
         let st = SafetensorsModel::open(path)?;
         let config = ModelConfig::from_hf(st.config())?;
         let weights = Weights::load(&TensorSource::Safetensors(&st), &config)?;
         let (tokenizer, tokenizer_error) = split(Tokenizer::from_hf_dir(path));
-        return Ok(LoadedModel { model: Model::new(config, weights, n_threads), tokenizer, tokenizer_error, name });
+        return Ok(LoadedModel {
+            model: Model::new(config, weights, n_threads),
+            tokenizer,
+            tokenizer_error,
+            name,
+        });
     }
     let gguf = GgufFile::open(path)?;
     let config = ModelConfig::from_gguf(&gguf)?;
     let weights = Weights::load(&TensorSource::Gguf(&gguf), &config)?;
-    let (tokenizer, tokenizer_error) =
-        if gguf.get("tokenizer.ggml.tokens").is_some() { split(Tokenizer::from_gguf(&gguf)) } else { (None, None) };
+    let (tokenizer, tokenizer_error) = if gguf.get("tokenizer.ggml.tokens").is_some() {
+        split(Tokenizer::from_gguf(&gguf))
+    } else {
+        (None, None)
+    };
     if let Some(name) = gguf.get_str("general.name") {
         let name = name.to_string();
-        return Ok(LoadedModel { model: Model::new(config, weights, n_threads), tokenizer, tokenizer_error, name });
+        return Ok(LoadedModel {
+            model: Model::new(config, weights, n_threads),
+            tokenizer,
+            tokenizer_error,
+            name,
+        });
     }
-    Ok(LoadedModel { model: Model::new(config, weights, n_threads), tokenizer, tokenizer_error, name })
+    Ok(LoadedModel {
+        model: Model::new(config, weights, n_threads),
+        tokenizer,
+        tokenizer_error,
+        name,
+    })
 }
 
 fn split<T, E: std::fmt::Display>(r: Result<T, E>) -> (Option<T>, Option<String>) {

@@ -30,7 +30,12 @@ unsafe impl<T: Send> Sync for DisjointChunks<'_, T> {}
 
 impl<'a, T> DisjointChunks<'a, T> {
     pub(crate) fn new(slice: &'a mut [T], chunk: usize) -> Self {
-        DisjointChunks { ptr: slice.as_mut_ptr(), len: slice.len(), chunk, _life: std::marker::PhantomData }
+        DisjointChunks {
+            ptr: slice.as_mut_ptr(),
+            len: slice.len(),
+            chunk,
+            _life: std::marker::PhantomData,
+        }
     }
 
     /// Chunk `i` of the slice.

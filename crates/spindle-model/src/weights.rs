@@ -22,7 +22,12 @@ pub struct Matrix {
 
 impl Matrix {
     pub fn view(&self) -> WeightView<'_> {
-        WeightView { ty: self.ty, rows: self.rows, cols: self.cols, data: &self.data }
+        WeightView {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data,
+        }
     }
 
     pub fn n_bytes(&self) -> usize {
@@ -77,15 +82,25 @@ impl TensorSource<'_> {
     fn raw(&self, name: &str) -> Result<Option<Raw>, ModelError> {
         match self {
             TensorSource::Gguf(g) => {
-                let Some(t) = g.tensor(name) else { return Ok(None) };
+                let Some(t) = g.tensor(name) else {
+                    return Ok(None);
+                };
                 let ty = t.ty()?;
                 let shape = t.dims.iter().rev().map(|&d| d as usize).collect();
-                Ok(Some(Raw { ty, shape, data: g.tensor_bytes(t) }))
+                Ok(Some(Raw {
+                    ty,
+                    shape,
+                    data: g.tensor_bytes(t),
+                }))
             }
             TensorSource::Safetensors(st) => {
                 for hf in hf_names(name) {
                     if let Some(t) = st.tensor(&hf) {
-                        return Ok(Some(Raw { ty: t.ty, shape: t.shape.clone(), data: t.bytes.clone() }));
+                        return Ok(Some(Raw {
+                            ty: t.ty,
+                            shape: t.shape.clone(),
+                            data: t.bytes.clone(),
+                        }));
                     }
                 }
                 Ok(None)
@@ -101,26 +116,58 @@ impl TensorSource<'_> {
     }
 
     fn missing(&self, name: &str) -> ModelError {
-        ModelError::MissingTensor { name: name.into(), arch: self.arch() }
+        ModelError::MissingTensor {
+            name: name.into(),
+            arch: self.arch(),
+        }
     }
 
-    fn matrix_opt(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Matrix>, ModelError> {
-        let Some(raw) = self.raw(name)? else { return Ok(None) };
+    fn matrix_opt(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Matrix>, ModelError> {
+        let Some(raw) = self.raw(name)? else {
+            return Ok(None);
+        };
         if raw.shape != [rows, cols] {
-            return Err(ModelError::BadShape { name: name.into(), got: raw.shape, want: vec![rows, cols] });
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                got: raw.shape,
+                want: vec![rows, cols],
+            });
         }
-        Ok(Some(Matrix { name: name.into(), ty: raw.ty, rows, cols, data: raw.data }))
+        Ok(Some(Matrix {
+            name: name.into(),
+            ty: raw.ty,
+            rows,
+            cols,
+            data: raw.data,
+        }))
     }
 
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
-        self.matrix_opt(name, rows, cols)?.ok_or_else(|| self.missing(name))
+        self.matrix_opt(name, rows, cols)?
+            .ok_or_else(|| self.missing(name))
     }
 
     /// A 1-D tensor as f32, plus `offset` (Gemma norms from safetensors).
-    fn vector_opt(&self, name: &str, len: usize, offset: f32) -> Result<Option<Vec<f32>>, ModelError> {
-        let Some(raw) = self.raw(name)? else { return Ok(None) };
+    fn vector_opt(
+        &self,
+        name: &str,
+        len: usize,
+        offset: f32,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let Some(raw) = self.raw(name)? else {
+            return Ok(None);
+        };
         if raw.shape.iter().product::<usize>() != len {
-            return Err(ModelError::BadShape { name: name.into(), got: raw.shape, want: vec![len] });
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                got: raw.shape,
+                want: vec![len],
+            });
         }
         let mut out = vec![0.0f32; len];
         spindle_kernels::dequantize(raw.ty, &raw.data, &mut out)?;
@@ -131,7 +178,8 @@ impl TensorSource<'_> {
     }
 
     fn vector(&self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>, ModelError> {
-        self.vector_opt(name, len, offset)?.ok_or_else(|| self.missing(name))
+        self.vector_opt(name, len, offset)?
+            .ok_or_else(|| self.missing(name))
     }
 
     fn is_safetensors(&self) -> bool {
@@ -142,7 +190,11 @@ impl TensorSource<'_> {
 impl Weights {
     pub fn load(src: &TensorSource<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
         let spec = &cfg.spec;
-        let norm_offset = if src.is_safetensors() { spec.hf_norm_offset } else { 0.0 };
+        let norm_offset = if src.is_safetensors() {
+            spec.hf_norm_offset
+        } else {
+            0.0
+        };
         let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let embed = src.matrix("token_embd.weight", cfg.vocab_size, e)?;
         let output = match src.matrix_opt("output.weight", cfg.vocab_size, e)? {
@@ -222,14 +274,26 @@ impl Weights {
 /// Hugging Face names for a GGUF tensor name, most likely first.
 fn hf_names(gguf_name: &str) -> Vec<String> {
     const PREFIXES: [&str; 3] = ["model.", "model.language_model.", "language_model.model."];
-    let with_prefixes = |rest: &str| PREFIXES.iter().map(|p| format!("{p}{rest}")).collect::<Vec<_>>();
+    let with_prefixes = |rest: &str| {
+        PREFIXES
+            .iter()
+            .map(|p| format!("{p}{rest}"))
+            .collect::<Vec<_>>()
+    };
     match gguf_name {
         "token_embd.weight" => with_prefixes("embed_tokens.weight"),
         "output_norm.weight" => with_prefixes("norm.weight"),
-        "output.weight" => vec!["lm_head.weight".into(), "language_model.lm_head.weight".into()],
+        "output.weight" => vec![
+            "lm_head.weight".into(),
+            "language_model.lm_head.weight".into(),
+        ],
         _ => {
-            let Some(rest) = gguf_name.strip_prefix("blk.") else { return vec![] };
-            let Some((layer, tail)) = rest.split_once('.') else { return vec![] };
+            let Some(rest) = gguf_name.strip_prefix("blk.") else {
+                return vec![];
+            };
+            let Some((layer, tail)) = rest.split_once('.') else {
+                return vec![];
+            };
             let (stem, suffix) = tail.rsplit_once('.').unwrap_or((tail, "weight"));
             let hf: &[&str] = match stem {
                 "attn_norm" => &["input_layernorm"],

@@ -24,18 +24,24 @@ pub struct RefPrompt {
 }
 
 pub fn fixture_dir(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(arch)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny")
+        .join(arch)
 }
 
 pub fn reference(arch: &str) -> Reference {
-    let text = std::fs::read_to_string(fixture_dir(arch).join("reference.json")).expect("reference.json");
+    let text =
+        std::fs::read_to_string(fixture_dir(arch).join("reference.json")).expect("reference.json");
     serde_json::from_str(&text).expect("reference parses")
 }
 
 /// The two encodings of each tiny model: safetensors directory and GGUF.
 pub fn sources(arch: &str) -> [(&'static str, PathBuf); 2] {
     let dir = fixture_dir(arch);
-    [("safetensors", dir.clone()), ("gguf", dir.join("model.gguf"))]
+    [
+        ("safetensors", dir.clone()),
+        ("gguf", dir.join("model.gguf")),
+    ]
 }
 
 pub fn load(path: &Path, threads: usize) -> LoadedModel {
@@ -53,11 +59,16 @@ pub fn prefill_logits(m: &LoadedModel, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut batch = Batch::new();
     batch.push_chain(seq, 0, ids, |_| true);
     let logits = m.model.forward(&batch, &mut cache).expect("forward");
-    (0..ids.len()).map(|i| logits.row(i).unwrap().to_vec()).collect()
+    (0..ids.len())
+        .map(|i| logits.row(i).unwrap().to_vec())
+        .collect()
 }
 
 /// max |a - b| / max |b|
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }

@@ -18,7 +18,10 @@ fn logits_match_transformers_within_1e_3() {
                 let got = prefill_logits(&m, &p.ids);
                 for (pos, (g, want)) in got.iter().zip(&p.logits).enumerate() {
                     let err = rel_err(g, want);
-                    assert!(err < 1e-3, "{arch} {kind} prompt {pi} position {pos}: relative error {err}");
+                    assert!(
+                        err < 1e-3,
+                        "{arch} {kind} prompt {pi} position {pos}: relative error {err}"
+                    );
                 }
             }
         }
@@ -36,17 +39,38 @@ fn greedy_decoding_matches_transformers() {
                 let seq = cache.add_sequence();
                 let mut batch = Batch::new();
                 let rows = batch.push_chain(seq, 0, &p.ids, |i| i + 1 == p.ids.len());
-                let mut logits = m.model.forward(&batch, &mut cache).unwrap().row(p.ids.len() - 1).unwrap().to_vec();
+                let mut logits = m
+                    .model
+                    .forward(&batch, &mut cache)
+                    .unwrap()
+                    .row(p.ids.len() - 1)
+                    .unwrap()
+                    .to_vec();
                 cache.commit(seq, &rows.collect::<Vec<_>>()).unwrap();
                 for (step, (&want, &margin)) in p.greedy.iter().zip(&p.greedy_margin).enumerate() {
                     let got = argmax(&logits);
                     if margin > 1e-4 {
-                        assert_eq!(got, want, "{arch} {kind} prompt {pi} step {step} (margin {margin})");
+                        assert_eq!(
+                            got, want,
+                            "{arch} {kind} prompt {pi} step {step} (margin {margin})"
+                        );
                     }
                     // Follow the reference path so later steps stay comparable.
                     let mut b = Batch::new();
-                    b.push(Row { token: want, pos: cache.seq_len(seq), seq, parent: None, logits: true });
-                    logits = m.model.forward(&b, &mut cache).unwrap().row(0).unwrap().to_vec();
+                    b.push(Row {
+                        token: want,
+                        pos: cache.seq_len(seq),
+                        seq,
+                        parent: None,
+                        logits: true,
+                    });
+                    logits = m
+                        .model
+                        .forward(&b, &mut cache)
+                        .unwrap()
+                        .row(0)
+                        .unwrap()
+                        .to_vec();
                     cache.commit(seq, &[0]).unwrap();
                 }
             }

@@ -23,7 +23,12 @@ fn alone(m: &LoadedModel, prompt: &[u32], path: &[u32]) -> Vec<f32> {
     let seq = committed(m, &mut cache, prompt);
     let mut b = Batch::new();
     b.push_chain(seq, prompt.len(), path, |i| i + 1 == path.len());
-    m.model.forward(&b, &mut cache).unwrap().row(path.len() - 1).unwrap().to_vec()
+    m.model
+        .forward(&b, &mut cache)
+        .unwrap()
+        .row(path.len() - 1)
+        .unwrap()
+        .to_vec()
 }
 
 #[test]
@@ -44,13 +49,55 @@ fn tree_rows_equal_their_paths_alone_bit_for_bit() {
             let other = committed(&m, &mut cache, &[3, 4, 5]);
             let p = prompt.len();
             let mut b = Batch::new();
-            let a = b.push(Row { token: toks[0], pos: p, seq, parent: None, logits: true });
-            b.push(Row { token: 99, pos: 3, seq: other, parent: None, logits: true });
-            let rb = b.push(Row { token: toks[1], pos: p + 1, seq, parent: Some(a), logits: true });
-            let c = b.push(Row { token: toks[2], pos: p + 2, seq, parent: Some(rb), logits: true });
-            let d = b.push(Row { token: toks[3], pos: p + 2, seq, parent: Some(rb), logits: true });
-            let e = b.push(Row { token: toks[4], pos: p + 3, seq, parent: Some(d), logits: true });
-            let f = b.push(Row { token: toks[5], pos: p + 1, seq, parent: Some(a), logits: true });
+            let a = b.push(Row {
+                token: toks[0],
+                pos: p,
+                seq,
+                parent: None,
+                logits: true,
+            });
+            b.push(Row {
+                token: 99,
+                pos: 3,
+                seq: other,
+                parent: None,
+                logits: true,
+            });
+            let rb = b.push(Row {
+                token: toks[1],
+                pos: p + 1,
+                seq,
+                parent: Some(a),
+                logits: true,
+            });
+            let c = b.push(Row {
+                token: toks[2],
+                pos: p + 2,
+                seq,
+                parent: Some(rb),
+                logits: true,
+            });
+            let d = b.push(Row {
+                token: toks[3],
+                pos: p + 2,
+                seq,
+                parent: Some(rb),
+                logits: true,
+            });
+            let e = b.push(Row {
+                token: toks[4],
+                pos: p + 3,
+                seq,
+                parent: Some(d),
+                logits: true,
+            });
+            let f = b.push(Row {
+                token: toks[5],
+                pos: p + 1,
+                seq,
+                parent: Some(a),
+                logits: true,
+            });
             let out = m.model.forward(&b, &mut cache).unwrap();
             let cases: [(usize, Vec<u32>); 6] = [
                 (a, vec![toks[0]]),
@@ -62,28 +109,64 @@ fn tree_rows_equal_their_paths_alone_bit_for_bit() {
             ];
             for (row, path) in cases {
                 let want = alone(&m, &prompt, &path);
-                assert!(out.row(row).unwrap() == want.as_slice(), "{arch} {kind}: tree row {row} differs from its path {path:?} alone");
+                assert!(
+                    out.row(row).unwrap() == want.as_slice(),
+                    "{arch} {kind}: tree row {row} differs from its path {path:?} alone"
+                );
             }
 
             // Committing the accepted path a-b-d-e leaves the same KV (and so the
             // same next logits) as decoding those tokens one pass at a time.
             cache.commit(seq, &[a, rb, d, e]).unwrap();
             let mut next = Batch::new();
-            next.push(Row { token: 42, pos: p + 4, seq, parent: None, logits: true });
-            let after_tree = m.model.forward(&next, &mut cache).unwrap().row(0).unwrap().to_vec();
+            next.push(Row {
+                token: 42,
+                pos: p + 4,
+                seq,
+                parent: None,
+                logits: true,
+            });
+            let after_tree = m
+                .model
+                .forward(&next, &mut cache)
+                .unwrap()
+                .row(0)
+                .unwrap()
+                .to_vec();
 
             let mut plain = kv(&m, 256);
             let s2 = committed(&m, &mut plain, &prompt);
             for (i, &t) in [toks[0], toks[1], toks[3], toks[4]].iter().enumerate() {
                 let mut one = Batch::new();
-                one.push(Row { token: t, pos: p + i, seq: s2, parent: None, logits: false });
+                one.push(Row {
+                    token: t,
+                    pos: p + i,
+                    seq: s2,
+                    parent: None,
+                    logits: false,
+                });
                 m.model.forward(&one, &mut plain).unwrap();
                 plain.commit(s2, &[0]).unwrap();
             }
             let mut next2 = Batch::new();
-            next2.push(Row { token: 42, pos: p + 4, seq: s2, parent: None, logits: true });
-            let after_plain = m.model.forward(&next2, &mut plain).unwrap().row(0).unwrap().to_vec();
-            assert!(after_tree == after_plain, "{arch} {kind}: KV after committing a tree path differs from plain decoding");
+            next2.push(Row {
+                token: 42,
+                pos: p + 4,
+                seq: s2,
+                parent: None,
+                logits: true,
+            });
+            let after_plain = m
+                .model
+                .forward(&next2, &mut plain)
+                .unwrap()
+                .row(0)
+                .unwrap()
+                .to_vec();
+            assert!(
+                after_tree == after_plain,
+                "{arch} {kind}: KV after committing a tree path differs from plain decoding"
+            );
         }
     }
 }
@@ -98,12 +181,36 @@ fn invalid_batches_are_errors() {
         let b = Batch { rows };
         m.model.forward(&b, cache).is_err()
     };
-    let r = |token, pos, parent| Row { token, pos, seq, parent, logits: true };
+    let r = |token, pos, parent| Row {
+        token,
+        pos,
+        seq,
+        parent,
+        logits: true,
+    };
     assert!(bad(vec![r(1, 1, None)], &mut cache), "wrong root position");
-    assert!(bad(vec![r(1, 0, None), r(2, 2, Some(0))], &mut cache), "wrong child position");
-    assert!(bad(vec![r(1, 0, Some(1)), r(2, 1, None)], &mut cache), "parent after child");
-    assert!(bad(vec![r(1_000_000, 0, None)], &mut cache), "token outside vocabulary");
-    assert!(bad(vec![Row { seq: 77, ..r(1, 0, None) }], &mut cache), "unknown sequence");
+    assert!(
+        bad(vec![r(1, 0, None), r(2, 2, Some(0))], &mut cache),
+        "wrong child position"
+    );
+    assert!(
+        bad(vec![r(1, 0, Some(1)), r(2, 1, None)], &mut cache),
+        "parent after child"
+    );
+    assert!(
+        bad(vec![r(1_000_000, 0, None)], &mut cache),
+        "token outside vocabulary"
+    );
+    assert!(
+        bad(
+            vec![Row {
+                seq: 77,
+                ..r(1, 0, None)
+            }],
+            &mut cache
+        ),
+        "unknown sequence"
+    );
     let long: Vec<u32> = (0..9).collect();
     let mut b = Batch::new();
     b.push_chain(seq, 0, &long, |_| false);

@@ -31,9 +31,16 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let mut kv = kv_cache(&loaded, args.model.ctx);
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
     }
-    eprintln!("Chatting with {} ({} threads). Empty line or Ctrl-D to quit.", loaded.name, loaded.model.n_threads());
+    eprintln!(
+        "Chatting with {} ({} threads). Empty line or Ctrl-D to quit.",
+        loaded.name,
+        loaded.model.n_threads()
+    );
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
     let mut turn = 0u64;
@@ -43,12 +50,18 @@ pub fn run(args: ChatArgs) -> Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             break;
         }
-        messages.push(ChatMessage { role: "user".into(), content: line.trim_end().to_string() });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: line.trim_end().to_string(),
+        });
         let prompt = encode_chat(tok, &messages)?;
         let req = GenerateRequest {
             prompt,
             max_tokens: args.n,
-            sampler: spindle_engine::SamplerConfig { seed: sampler.seed.wrapping_add(turn), ..sampler.clone() },
+            sampler: spindle_engine::SamplerConfig {
+                seed: sampler.seed.wrapping_add(turn),
+                ..sampler.clone()
+            },
             stop_ids: tok.stop_ids(),
         };
         let mut decoder = tok.stream_decoder();
@@ -71,7 +84,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
             let _ = stdout.write_all(rest.as_bytes());
         }
         println!();
-        messages.push(ChatMessage { role: "assistant".into(), content: tok.decode(&out.tokens)?.trim().to_string() });
+        messages.push(ChatMessage {
+            role: "assistant".into(),
+            content: tok.decode(&out.tokens)?.trim().to_string(),
+        });
         turn += 1;
     }
     Ok(())

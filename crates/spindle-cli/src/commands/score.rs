@@ -42,20 +42,39 @@ pub fn run(args: ScoreArgs) -> Result<()> {
     let mut kv = kv_cache(&loaded, args.model.ctx.or(Some(ids.len().max(1))));
     let positions = score(&loaded.model, &mut kv, &ids, args.top)?;
     if args.json {
-        println!("{}", serde_json::to_string(&json!({ "tokens": ids, "positions": positions }))?);
+        println!(
+            "{}",
+            serde_json::to_string(&json!({ "tokens": ids, "positions": positions }))?
+        );
         return Ok(());
     }
     let piece = |id: u32| {
-        loaded.tokenizer.as_ref().and_then(|t| t.token_to_piece(id)).unwrap_or_else(|| id.to_string())
+        loaded
+            .tokenizer
+            .as_ref()
+            .and_then(|t| t.token_to_piece(id))
+            .unwrap_or_else(|| id.to_string())
     };
     let mut nll = 0.0;
     for (i, p) in positions.iter().enumerate() {
         nll -= p.logprob;
-        let best = p.top.first().map_or(String::new(), |t| format!("{:?} {:.3}", piece(t.id), t.logprob));
-        println!("{:>5} {:>24} {:>9.3}   best: {}", i + 1, format!("{:?}", piece(p.id)), p.logprob, best);
+        let best = p.top.first().map_or(String::new(), |t| {
+            format!("{:?} {:.3}", piece(t.id), t.logprob)
+        });
+        println!(
+            "{:>5} {:>24} {:>9.3}   best: {}",
+            i + 1,
+            format!("{:?}", piece(p.id)),
+            p.logprob,
+            best
+        );
     }
     if !positions.is_empty() {
-        println!("mean logprob {:.4}, perplexity {:.4}", -nll / positions.len() as f64, (nll / positions.len() as f64).exp());
+        println!(
+            "mean logprob {:.4}, perplexity {:.4}",
+            -nll / positions.len() as f64,
+            (nll / positions.len() as f64).exp()
+        );
     }
     Ok(())
 }

@@ -29,7 +29,11 @@ pub struct DetokenizeArgs {
 pub fn tokenize(args: TokenizeArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
-    let ids = tok.encode(&args.text, !args.no_bos && tok.bos_id().is_some(), !args.no_special)?;
+    let ids = tok.encode(
+        &args.text,
+        !args.no_bos && tok.bos_id().is_some(),
+        !args.no_special,
+    )?;
     println!("{}", serde_json::to_string(&ids)?);
     Ok(())
 }
@@ -39,7 +43,10 @@ pub fn detokenize(args: DetokenizeArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= tok.vocab_size()) {
-        anyhow::bail!("token id {bad} is outside the vocabulary of {}", tok.vocab_size());
+        anyhow::bail!(
+            "token id {bad} is outside the vocabulary of {}",
+            tok.vocab_size()
+        );
     }
     println!("{}", tok.decode(&ids)?);
     Ok(())
