@@ -52,8 +52,12 @@ pub fn top_k(logprobs: &[f64], k: usize) -> Vec<TokenLogprob> {
         .collect()
 }
 
+/// Rows per scoring pass: each returns a full row of logits (1 MiB for a
+/// 262k vocabulary), so long texts are scored in chunks of this many.
+pub const SCORE_CHUNK: usize = 512;
+
 /// Scores every position after the first of `tokens` in one pass (chunks of
-/// [`crate::generate::PREFILL_CHUNK`] for long inputs), calling `visit(i, logprobs)`
+/// [`SCORE_CHUNK`] for long inputs), calling `visit(i, logprobs)`
 /// with the log-probabilities predicting token `i + 1`, for `i` in `from..len-1`.
 pub fn score_positions(
     model: &Model,
@@ -75,8 +79,8 @@ pub fn score_positions(
     let mut passes = 0;
     let result = (|| {
         let last = tokens.len() - 1;
-        for (c, chunk) in tokens.chunks(crate::generate::PREFILL_CHUNK).enumerate() {
-            let base = c * crate::generate::PREFILL_CHUNK;
+        for (c, chunk) in tokens.chunks(SCORE_CHUNK).enumerate() {
+            let base = c * SCORE_CHUNK;
             let mut batch = Batch::new();
             let rows = batch.push_chain(seq, kv.seq_len(seq), chunk, |i| {
                 let p = base + i;

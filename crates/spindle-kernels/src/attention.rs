@@ -11,6 +11,8 @@ use half::f16;
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// Widens a slice to f32 (exact for both types; SIMD where the CPU has it).
+    fn load(src: &[Self], dst: &mut [f32]);
 }
 
 impl KvElem for f32 {
@@ -22,6 +24,10 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    #[inline(always)]
+    fn load(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
 }
 
 impl KvElem for f16 {
@@ -32,6 +38,11 @@ impl KvElem for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn load(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
     }
 }
 
@@ -68,27 +79,28 @@ pub fn attend_head<E: KvElem>(
     out: &mut [f32],
 ) {
     let d = query.q.len();
+    assert!(d <= MAX_HEAD_DIM, "head size {d} > {MAX_HEAD_DIM}");
+    let mut buf = [0.0f32; MAX_HEAD_DIM];
+    let row = &mut buf[..d];
     scores.clear();
     let mut max = f32::NEG_INFINITY;
-    let mut push = |k: &[E], scores: &mut Vec<f32>| {
-        let mut s = dot(query.q, k) * query.scale;
+    let off = query.kv_offset;
+    let keys = ctx_range
+        .clone()
+        .map(|r| head_of(committed.k, r * committed.stride + off, d))
+        .chain(
+            tail_rows
+                .iter()
+                .map(|&r| head_of(tail.k, r * tail.stride + off, d)),
+        );
+    for k in keys {
+        E::load(k, row);
+        let mut s = dot(query.q, row) * query.scale;
         if let Some(cap) = query.softcap {
             s = (s / cap).tanh() * cap;
         }
         max = max.max(s);
         scores.push(s);
-    };
-    for r in ctx_range.clone() {
-        push(
-            head_of(committed.k, r * committed.stride + query.kv_offset, d),
-            scores,
-        );
-    }
-    for &r in tail_rows {
-        push(
-            head_of(tail.k, r * tail.stride + query.kv_offset, d),
-            scores,
-        );
     }
     let mut sum = 0.0f32;
     for s in scores.iter_mut() {
@@ -97,34 +109,44 @@ pub fn attend_head<E: KvElem>(
     }
     let inv = 1.0 / sum;
     out.fill(0.0);
-    let off = query.kv_offset;
-    let rows = ctx_range
+    let values = ctx_range
         .map(|r| head_of(committed.v, r * committed.stride + off, d))
         .chain(
             tail_rows
                 .iter()
                 .map(|&r| head_of(tail.v, r * tail.stride + off, d)),
         );
-    for (v, &p) in rows.zip(scores.iter()) {
+    for (v, &p) in values.zip(scores.iter()) {
+        E::load(v, row);
         let w = p * inv;
-        for (o, &x) in out.iter_mut().zip(v) {
-            *o += w * x.to_f32();
+        for (o, &x) in out.iter_mut().zip(row.iter()) {
+            *o += w * x;
         }
     }
 }
+
+/// Largest head size the attention kernel takes (Gemma 2/3 use 256).
+pub const MAX_HEAD_DIM: usize = 512;
 
 #[inline(always)]
 fn head_of<E>(rows: &[E], at: usize, d: usize) -> &[E] {
     &rows[at..at + d]
 }
 
-/// Dot product in a fixed order (8 lanes, then a fixed tree), so the result
-/// never depends on where the key came from.
+/// Dot product in a fixed order (element `i` into lane `i % 8`, then a fixed
+/// tree), so the result never depends on where the key came from.
 #[inline]
-fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
+fn dot(q: &[f32], k: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
-    for (i, (&a, &b)) in q.iter().zip(k).enumerate() {
-        acc[i % 8] += a * b.to_f32();
+    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
+    let (qr, kr) = (qc.remainder(), kc.remainder());
+    for (a, b) in qc.zip(kc) {
+        for ((l, &x), &y) in acc.iter_mut().zip(a).zip(b) {
+            *l += x * y;
+        }
+    }
+    for ((l, &x), &y) in acc.iter_mut().zip(qr).zip(kr) {
+        *l += x * y;
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }

@@ -201,7 +201,6 @@ enum Kernel {
 /// ISA is available, which is what makes calling the returned function sound.
 fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
     let b32 = ActFormat::Block32;
-    let b256 = ActFormat::Block256;
     match isa {
         Isa::Scalar => Ok(match ty {
             GgmlType::F32 => Kernel::Float(float::rows_scalar::<float::F32>),
@@ -210,9 +209,9 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
             GgmlType::Q8_0 => Kernel::Quant(b32, block32::rows_scalar::<q8_0::Q8_0>),
             GgmlType::Q4_0 => Kernel::Quant(b32, block32::rows_scalar::<q4_0::Q4_0>),
             GgmlType::Q5_0 => Kernel::Quant(b32, block32::rows_scalar::<q5_0::Q5_0>),
-            GgmlType::Q4_K => Kernel::Quant(b256, q4_k::rows_scalar),
-            GgmlType::Q5_K => Kernel::Quant(b256, q5_k::rows_scalar),
-            GgmlType::Q6_K => Kernel::Quant(b256, q6_k::rows_scalar),
+            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::rows_scalar),
+            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::rows_scalar),
+            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::rows_scalar),
         }),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => Ok(match ty {
@@ -222,9 +221,9 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
             GgmlType::Q8_0 => Kernel::Quant(b32, block32::avx2::rows::<q8_0::Q8_0>),
             GgmlType::Q4_0 => Kernel::Quant(b32, block32::avx2::rows::<q4_0::Q4_0>),
             GgmlType::Q5_0 => Kernel::Quant(b32, block32::avx2::rows::<q5_0::Q5_0>),
-            GgmlType::Q4_K => Kernel::Quant(b256, q4_k::avx2::rows),
-            GgmlType::Q5_K => Kernel::Quant(b256, q5_k::avx2::rows),
-            GgmlType::Q6_K => Kernel::Quant(b256, q6_k::avx2::rows),
+            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::avx2::rows),
+            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::avx2::rows),
+            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::avx2::rows),
         }),
         #[allow(unreachable_patterns)]
         _ => Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),

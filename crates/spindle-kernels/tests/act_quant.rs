@@ -25,44 +25,43 @@ fn snapshot(q: &QuantizedActs) -> (Vec<i8>, Vec<u32>, Vec<i16>) {
 #[test]
 fn every_isa_gives_the_same_bits() {
     let mut rng = StdRng::seed_from_u64(5);
-    for format in [ActFormat::Block32, ActFormat::Block256] {
-        let cols = 4 * format.block_len();
-        let n = 6;
-        let mut x = random_acts(&mut rng, n, cols);
-        // Special values in row 4: NaN, infinities, signed zeros, ties.
-        let specials = [
-            f32::NAN,
-            -0.0,
-            0.0,
-            f32::INFINITY,
-            1e-40,
-            0.5,
-            -0.5,
-            1.5,
-            2.5,
-            -2.5,
-            f32::MAX,
-            f32::MIN_POSITIVE,
-        ];
-        for (k, v) in specials.iter().enumerate() {
-            x[4 * cols + (37 * k) % cols] = *v;
-        }
-        // Row 5: a block with exact ties at the chosen scale.
-        for k in 0..32 {
-            x[5 * cols + k] = (k as f32 - 16.0) * 0.5;
-        }
-        x[5 * cols] = 127.0;
+    let format = ActFormat::Block32;
+    let cols = 4 * format.block_len();
+    let n = 6;
+    let mut x = random_acts(&mut rng, n, cols);
+    // Special values in row 4: NaN, infinities, signed zeros, ties.
+    let specials = [
+        f32::NAN,
+        -0.0,
+        0.0,
+        f32::INFINITY,
+        1e-40,
+        0.5,
+        -0.5,
+        1.5,
+        2.5,
+        -2.5,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+    ];
+    for (k, v) in specials.iter().enumerate() {
+        x[4 * cols + (37 * k) % cols] = *v;
+    }
+    // Row 5: a block with exact ties at the chosen scale.
+    for k in 0..32 {
+        x[5 * cols + k] = (k as f32 - 16.0) * 0.5;
+    }
+    x[5 * cols] = 127.0;
 
-        let mut first = None;
-        for isa in available_isas() {
-            let mut q = QuantizedActs::new();
-            q.quantize_with_isa(isa, format, &x, n, cols).unwrap();
-            let snap = snapshot(&q);
-            assert!(snap.0.iter().all(|&v| v != -128));
-            match &first {
-                None => first = Some(snap),
-                Some(f) => assert!(f == &snap, "{format:?}: {isa} differs"),
-            }
+    let mut first = None;
+    for isa in available_isas() {
+        let mut q = QuantizedActs::new();
+        q.quantize_with_isa(isa, format, &x, n, cols).unwrap();
+        let snap = snapshot(&q);
+        assert!(snap.0.iter().all(|&v| v != -128));
+        match &first {
+            None => first = Some(snap),
+            Some(f) => assert!(f == &snap, "{format:?}: {isa} differs"),
         }
     }
 }
@@ -72,27 +71,26 @@ fn bsums_and_round_trip() {
     let mut rng = StdRng::seed_from_u64(6);
     let (n, cols) = (3, 512);
     let x = random_acts(&mut rng, n, cols);
-    for format in [ActFormat::Block32, ActFormat::Block256] {
-        let mut q = QuantizedActs::new();
-        q.quantize(format, &x, n, cols).unwrap();
-        let bl = format.block_len();
-        let mut deq = vec![0.0f32; cols];
-        for i in 0..n {
-            let r = q.row(i).unwrap();
-            assert_eq!(r.bsums.len(), cols / format.sum_len());
-            for (s, run) in r.bsums.iter().zip(r.qs.chunks_exact(format.sum_len())) {
-                assert_eq!(*s as i32, run.iter().map(|&v| v as i32).sum::<i32>());
-            }
-            q.dequantize_row(i, &mut deq).unwrap();
-            for (b, (xb, db)) in x[i * cols..(i + 1) * cols]
-                .chunks_exact(bl)
-                .zip(deq.chunks_exact(bl))
-                .enumerate()
-            {
-                let step = r.d[b];
-                for (a, c) in xb.iter().zip(db) {
-                    assert!((a - c).abs() <= 0.501 * step + 1e-30);
-                }
+    let format = ActFormat::Block32;
+    let mut q = QuantizedActs::new();
+    q.quantize(format, &x, n, cols).unwrap();
+    let bl = format.block_len();
+    let mut deq = vec![0.0f32; cols];
+    for i in 0..n {
+        let r = q.row(i).unwrap();
+        assert_eq!(r.bsums.len(), cols / bl);
+        for (s, run) in r.bsums.iter().zip(r.qs.chunks_exact(bl)) {
+            assert_eq!(*s as i32, run.iter().map(|&v| v as i32).sum::<i32>());
+        }
+        q.dequantize_row(i, &mut deq).unwrap();
+        for (b, (xb, db)) in x[i * cols..(i + 1) * cols]
+            .chunks_exact(bl)
+            .zip(deq.chunks_exact(bl))
+            .enumerate()
+        {
+            let step = r.d[b];
+            for (a, c) in xb.iter().zip(db) {
+                assert!((a - c).abs() <= 0.501 * step + 1e-30);
             }
         }
     }

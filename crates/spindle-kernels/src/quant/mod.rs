@@ -18,6 +18,8 @@ pub mod q8_0;
 pub mod q8_act;
 
 use crate::error::KernelError;
+use crate::simd::tree8;
+use q8_act::ActRow;
 use spindle_formats::GgmlType;
 
 /// Dequantizes `dst.len()` values of type `ty` from `src`.
@@ -102,6 +104,41 @@ pub(crate) fn k_scales_mins(p: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 
 pub(crate) mod block32;
 
+/// Scalar reference dot of one Q4_K/Q5_K weight row (whole super-blocks of
+/// `block_bytes`) with one activation row. `value(block, j, l)` is the
+/// unsigned value `l` (0..32) of sub-block `j` (0..8). Sub-block `j` of
+/// super-block `s` meets activation block `b = 8s + j` and folds into lane
+/// `b % 8` with [`fold_scaled_min`].
+pub(crate) fn k_dot_scalar(
+    w: &[u8],
+    block_bytes: usize,
+    a: ActRow<'_>,
+    value: impl Fn(&[u8], usize, usize) -> u8,
+) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (s, block) in w.chunks_exact(block_bytes).enumerate() {
+        let d = f16_le(*arr::<2>(block));
+        let dmin = f16_le(*arr::<2>(&block[2..]));
+        let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
+        for j in 0..8 {
+            let b = 8 * s + j;
+            let aq = &a.qs[32 * b..32 * b + 32];
+            let isum: i32 = (0..32)
+                .map(|l| value(block, j, l) as i32 * aq[l] as i32)
+                .sum();
+            fold_scaled_min(
+                &mut lanes[b % 8],
+                d * sc[j] as f32,
+                dmin * mn[j] as f32,
+                a.d[b],
+                isum,
+                a.bsums[b] as i32,
+            );
+        }
+    }
+    tree8(&lanes)
+}
+
 /// Folds one block's exact integer dot into an f32 lane:
 /// `lane = fma(dw * da, isum, lane)`. Shared by every path so they round
 /// identically.
@@ -110,21 +147,14 @@ pub(crate) fn fold_scaled(lane: &mut f32, dw: f32, da: f32, isum: i32) {
     *lane = (dw * da).mul_add(isum as f32, *lane);
 }
 
-/// [`fold_scaled`], then subtracts the block's min term:
-/// `lane = fma(-(dmin * da), imin, lane)`.
+/// Folds one 32-value sub-block of a Q4_K/Q5_K super-block into an f32 lane:
+/// `lane = fma(da, fma(ds, isum, -(dm * asum)), lane)`. Here `ds = d *
+/// scale` and `dm = dmin * min` are the sub-block's scale and min (both
+/// exact in f32), `da` the activation block's scale, `isum` the exact dot of
+/// the sub-block's unsigned values with the activation block and `asum` the
+/// activation block's sum. Shared by every path so they round identically.
 #[inline]
-pub(crate) fn fold_scaled_min(lane: &mut f32, dw: f32, dmin: f32, da: f32, isum: i32, imin: i32) {
-    fold_scaled(lane, dw, da, isum);
-    *lane = (-(dmin * da)).mul_add(imin as f32, *lane);
-}
-
-/// `sum_j mins[j] * (sum of the 32 activation values of sub-block j)`, from
-/// the per-16 sums of a `Block256` activation block. Exact.
-#[inline]
-pub(crate) fn k_mins_dot(mins: &[u8; 8], bsums: &[i16]) -> i32 {
-    let mut imin = 0i32;
-    for (j, &m) in mins.iter().enumerate() {
-        imin += m as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32);
-    }
-    imin
+pub(crate) fn fold_scaled_min(lane: &mut f32, ds: f32, dm: f32, da: f32, isum: i32, asum: i32) {
+    let inner = ds.mul_add(isum as f32, -(dm * asum as f32));
+    *lane = da.mul_add(inner, *lane);
 }

@@ -5,10 +5,14 @@
 //! chunks of 64: chunk `c` is bytes `32c..32c+32` of the values, whose low
 //! nibbles are sub-block `2c` and high nibbles sub-block `2c+1`. Value `q` of
 //! sub-block `j` stands for `d * scale[j] * q - dmin * min[j]`.
+//!
+//! Dot products take `Block32` activations: sub-block `j` of super-block `s`
+//! meets activation block `b = 8s + j` (its own scale and sum) and folds into
+//! lane `b % 8`, so a super-block fills the 8 lanes once (see
+//! [`fold_scaled_min`](super::fold_scaled_min)).
 
 use super::q8_act::ActRow;
-use super::{arr, f16_le, fold_scaled_min, k_mins_dot, k_scales_mins};
-use crate::simd::tree8;
+use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 144;
@@ -33,41 +37,20 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// The exact integer parts of one super-block's dot with 256 activation
-/// values: `(sum_j scale[j] * dot_j, sum_j min[j] * asum_j)`.
-fn int_dot(block: &[u8], aq: &[i8], bsums: &[i16]) -> (i32, i32) {
-    let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
-    let qs = &block[16..144];
-    let mut isum = 0i32;
-    for c in 0..4 {
-        let q = &qs[32 * c..32 * c + 32];
-        let mut lo = 0i32;
-        let mut hi = 0i32;
-        for l in 0..32 {
-            lo += (q[l] & 0x0F) as i32 * aq[64 * c + l] as i32;
-            hi += (q[l] >> 4) as i32 * aq[64 * c + 32 + l] as i32;
-        }
-        isum += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
+/// The unsigned 4-bit value `l` (0..32) of sub-block `j` (0..8).
+#[inline]
+fn value(block: &[u8], j: usize, l: usize) -> u8 {
+    let q = block[16 + 32 * (j / 2) + l];
+    if j.is_multiple_of(2) {
+        q & 0x0F
+    } else {
+        q >> 4
     }
-    (isum, k_mins_dot(&mn, bsums))
 }
 
-/// Scalar reference: dot of one weight row with one `Block256` activation
-/// row. Super-block `s` folds into lane `s % 8`.
+/// Scalar reference: dot of one weight row with one `Block32` activation row.
 pub(crate) fn dot_scalar(w: &[u8], a: ActRow<'_>) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    for (s, ((block, aq), (&da, bs))) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.qs.chunks_exact(256))
-        .zip(a.d.iter().zip(a.bsums.chunks_exact(16)))
-        .enumerate()
-    {
-        let d = f16_le(*arr::<2>(block));
-        let dmin = f16_le(*arr::<2>(&block[2..]));
-        let (isum, imin) = int_dot(block, aq, bs);
-        fold_scaled_min(&mut lanes[s % 8], d, dmin, da, isum, imin);
-    }
-    tree8(&lanes)
+    k_dot_scalar(w, BLOCK_BYTES, a, value)
 }
 
 /// Scalar: `out[r] = dot(row r of w, a)`.
@@ -81,80 +64,142 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
     use crate::quant::q8_act::ActRow;
-    use crate::quant::{arr, f16_le, fold_scaled_min, k_mins_dot, k_scales_mins};
     use crate::simd::avx2::*;
-    use crate::simd::tree8;
     use std::arch::x86_64::*;
 
-    /// `sum_j scale[j] * dot_j` of the super-block at `bp` with the 256
-    /// values at `aq`, exact.
+    /// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of the Q4_K/Q5_K
+    /// super-block at `bp`: [`k_scales_mins`](crate::quant::k_scales_mins),
+    /// unpacked a 32-bit word at a time.
+    ///
+    /// # Safety
+    /// AVX2 available; `bp + 4..bp + 16` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scales_mins(bp: *const u8) -> __m128i {
+        let word =
+            |k: usize| u32::from_le_bytes(std::ptr::read_unaligned(bp.add(4 + 4 * k).cast()));
+        let (p0, p1, p2) = (word(0), word(1), word(2));
+        let (low6, low4, top2) = (0x3F3F_3F3F, 0x0F0F_0F0F, 0x0303_0303);
+        let sc_lo = p0 & low6;
+        let sc_hi = (p2 & low4) | (((p0 >> 6) & top2) << 4);
+        let mn_lo = p1 & low6;
+        let mn_hi = ((p2 >> 4) & low4) | (((p1 >> 6) & top2) << 4);
+        _mm_setr_epi32(sc_lo as i32, sc_hi as i32, mn_lo as i32, mn_hi as i32)
+    }
+
+    /// Folds the 8 exact sub-block dots `isum` (lane `j`: sub-block `j`) of the
+    /// Q4_K/Q5_K super-block at `bp` into `acc`, lane `j` exactly as
+    /// [`fold_scaled_min`](crate::quant::fold_scaled_min) with activation
+    /// scale `da[j]` and sum `bs[j]`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `bp..bp + 16`, `da..da + 8` and
+    /// `bs..bs + 8` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn fold_super(
+        acc: __m256,
+        bp: *const u8,
+        isum: __m256i,
+        da: *const f32,
+        bs: *const i16,
+    ) -> __m256 {
+        // Lane 0: d, lane 1: dmin (exact conversions).
+        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+            bp.cast::<i32>(),
+        )));
+        let d = _mm256_broadcastss_ps(dd);
+        let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+        let sm = scales_mins(bp);
+        let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+        let mins = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm));
+        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins));
+        let asum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(load_128(bs.cast())));
+        let inner = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(isum), _mm256_mul_ps(dm, asum));
+        _mm256_fmadd_ps(load_ps(da), inner, acc)
+    }
+
+    /// The 8 exact dots of the super-block at `bp`'s sub-blocks (unsigned
+    /// values, no scales) with the 256 values at `aq`; lane `j`: sub-block `j`.
     ///
     /// # Safety
     /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn int_dot(bp: *const u8, sc: &[u8; 8], aq: *const i8) -> i32 {
+    unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {
         let low4 = _mm256_set1_epi8(0x0F);
-        let mut acc = _mm256_setzero_si256();
+        let ones = _mm256_set1_epi16(1);
+        let mut p = [_mm256_setzero_si256(); 8];
         for c in 0..4 {
             let q = load_256(bp.add(16 + 32 * c));
             let lo = _mm256_and_si256(q, low4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
             let y_lo = load_256(aq.add(64 * c).cast());
             let y_hi = load_256(aq.add(64 * c + 32).cast());
-            let p_lo = _mm256_madd_epi16(
-                dot_u8_i8_pairs(lo, y_lo),
-                _mm256_set1_epi16(sc[2 * c] as i16),
-            );
-            let p_hi = _mm256_madd_epi16(
-                dot_u8_i8_pairs(hi, y_hi),
-                _mm256_set1_epi16(sc[2 * c + 1] as i16),
-            );
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p_lo, p_hi));
+            p[2 * c] = _mm256_madd_epi16(dot_u8_i8_pairs(lo, y_lo), ones);
+            p[2 * c + 1] = _mm256_madd_epi16(dot_u8_i8_pairs(hi, y_hi), ones);
         }
-        hsum_i32(acc)
+        transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
     }
 
-    /// AVX2 dot of one row; bit-identical to [`super::dot_scalar`].
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be available; `w` is `a.d.len()` super-blocks.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot(w: &[u8], a: ActRow<'_>) -> f32 {
-        let mut lanes = [0.0f32; 8];
-        for (s, ((block, aq), (&da, bs))) in w
-            .chunks_exact(BLOCK_BYTES)
-            .zip(a.qs.chunks_exact(256))
-            .zip(a.d.iter().zip(a.bsums.chunks_exact(16)))
-            .enumerate()
-        {
-            let d = f16_le(*arr::<2>(block));
-            let dmin = f16_le(*arr::<2>(&block[2..]));
-            let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
-            let isum = int_dot(block.as_ptr(), &sc, aq.as_ptr());
-            let imin = k_mins_dot(&mn, bs);
-            fold_scaled_min(&mut lanes[s % 8], d, dmin, da, isum, imin);
-        }
-        tree8(&lanes)
-    }
-
-    /// AVX2: `out[r] = dot(row r of w, a)`.
+    /// AVX2: `out[r] = dot(row r of w, a)`, bit-identical to
+    /// [`super::dot_scalar`].
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn rows(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
         let nb = a.d.len();
+        let ns = nb / 8;
         assert!(
-            row_bytes == nb * BLOCK_BYTES
-                && a.qs.len() == nb * 256
-                && a.bsums.len() == nb * 16
+            nb.is_multiple_of(8)
+                && row_bytes == ns * BLOCK_BYTES
+                && a.qs.len() == nb * 32
+                && a.bsums.len() == nb
                 && w.len() >= out.len() * row_bytes,
             "Q4_K kernel: inconsistent shapes"
         );
+        let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
         for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            *o = dot(row, a);
+            let mut acc = _mm256_setzero_ps();
+            for s in 0..ns {
+                // In bounds: checked above.
+                let bp = row.as_ptr().add(s * BLOCK_BYTES);
+                let isum = int_dots(bp, qs.add(256 * s));
+                acc = fold_super(acc, bp, isum, d.add(8 * s), bs.add(8 * s));
+            }
+            *o = tree8_ps(acc);
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use crate::simd::Isa;
+
+    #[test]
+    fn word_wise_scales_match_reference() {
+        if !Isa::Avx2.is_available() {
+            return;
+        }
+        let mut x = 0x9E37_79B9u32;
+        for _ in 0..1000 {
+            let mut block = [0u8; 16];
+            for b in &mut block {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+            let (sc, mn) = crate::quant::k_scales_mins(crate::quant::arr::<12>(&block[4..]));
+            let mut got = [0u8; 16];
+            // SAFETY: AVX2 checked above; `block` is 16 bytes, `got` bounds the store.
+            unsafe {
+                let v = super::avx2::scales_mins(block.as_ptr());
+                std::arch::x86_64::_mm_storeu_si128(got.as_mut_ptr().cast(), v);
+            }
+            assert_eq!(got[..8], sc);
+            assert_eq!(got[8..], mn);
         }
     }
 }

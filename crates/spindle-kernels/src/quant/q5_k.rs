@@ -6,10 +6,12 @@
 //! nibbles: sub-block `2c`, high: `2c+1`); bit `j` of `qh[l]` is bit 4 of value
 //! `l` of sub-block `j`. Value `q` of sub-block `j` stands for
 //! `d * scale[j] * q - dmin * min[j]`.
+//!
+//! Dot products take `Block32` activations and fold exactly as Q4_K's: sub-block
+//! `j` of super-block `s` into lane `(8s + j) % 8`.
 
 use super::q8_act::ActRow;
-use super::{arr, f16_le, fold_scaled_min, k_mins_dot, k_scales_mins};
-use crate::simd::tree8;
+use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 176;
@@ -45,38 +47,11 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// `(sum_j scale[j] * dot_j, sum_j min[j] * asum_j)` of one super-block.
-fn int_dot(block: &[u8], aq: &[i8], bsums: &[i16]) -> (i32, i32) {
-    let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
-    let mut isum = 0i32;
-    for c in 0..4 {
-        let mut lo = 0i32;
-        let mut hi = 0i32;
-        for l in 0..32 {
-            lo += value(block, c, l, false) as i32 * aq[64 * c + l] as i32;
-            hi += value(block, c, l, true) as i32 * aq[64 * c + 32 + l] as i32;
-        }
-        isum += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
-    }
-    (isum, k_mins_dot(&mn, bsums))
-}
-
-/// Scalar reference: dot of one weight row with one `Block256` activation
-/// row. Super-block `s` folds into lane `s % 8`.
+/// Scalar reference: dot of one weight row with one `Block32` activation row.
 pub(crate) fn dot_scalar(w: &[u8], a: ActRow<'_>) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    for (s, ((block, aq), (&da, bs))) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.qs.chunks_exact(256))
-        .zip(a.d.iter().zip(a.bsums.chunks_exact(16)))
-        .enumerate()
-    {
-        let d = f16_le(*arr::<2>(block));
-        let dmin = f16_le(*arr::<2>(&block[2..]));
-        let (isum, imin) = int_dot(block, aq, bs);
-        fold_scaled_min(&mut lanes[s % 8], d, dmin, da, isum, imin);
-    }
-    tree8(&lanes)
+    k_dot_scalar(w, BLOCK_BYTES, a, |block, j, l| {
+        value(block, j / 2, l, j % 2 == 1)
+    })
 }
 
 /// Scalar: `out[r] = dot(row r of w, a)`.
@@ -89,27 +64,28 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
+    use crate::quant::q4_k::avx2::fold_super;
     use crate::quant::q8_act::ActRow;
-    use crate::quant::{arr, f16_le, fold_scaled_min, k_mins_dot, k_scales_mins};
     use crate::simd::avx2::*;
-    use crate::simd::tree8;
     use std::arch::x86_64::*;
 
-    /// `sum_j scale[j] * dot_j` of the super-block at `bp` with the 256
-    /// values at `aq`, exact.
+    /// The 8 exact dots of the super-block at `bp`'s sub-blocks (unsigned
+    /// 5-bit values, no scales) with the 256 values at `aq`; lane `j`:
+    /// sub-block `j`.
     ///
     /// # Safety
     /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn int_dot(bp: *const u8, sc: &[u8; 8], aq: *const i8) -> i32 {
+    unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {
         let low4 = _mm256_set1_epi8(0x0F);
         let one = _mm256_set1_epi8(1);
         let two = _mm256_set1_epi8(2);
+        let ones = _mm256_set1_epi16(1);
         // Shifted right by 2 per chunk: bits 0 and 1 of each byte are then the
         // fifth bits of the chunk's low and high sub-blocks.
         let mut qh = load_256(bp.add(16));
-        let mut acc = _mm256_setzero_si256();
+        let mut p = [_mm256_setzero_si256(); 8];
         for c in 0..4 {
             let q = load_256(bp.add(48 + 32 * c));
             let lo = _mm256_or_si256(
@@ -123,59 +99,39 @@ pub(crate) mod avx2 {
             qh = _mm256_srli_epi16(qh, 2);
             let y_lo = load_256(aq.add(64 * c).cast());
             let y_hi = load_256(aq.add(64 * c + 32).cast());
-            let p_lo = _mm256_madd_epi16(
-                dot_u8_i8_pairs(lo, y_lo),
-                _mm256_set1_epi16(sc[2 * c] as i16),
-            );
-            let p_hi = _mm256_madd_epi16(
-                dot_u8_i8_pairs(hi, y_hi),
-                _mm256_set1_epi16(sc[2 * c + 1] as i16),
-            );
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p_lo, p_hi));
+            p[2 * c] = _mm256_madd_epi16(dot_u8_i8_pairs(lo, y_lo), ones);
+            p[2 * c + 1] = _mm256_madd_epi16(dot_u8_i8_pairs(hi, y_hi), ones);
         }
-        hsum_i32(acc)
+        transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
     }
 
-    /// AVX2 dot of one row; bit-identical to [`super::dot_scalar`].
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be available; `w` is `a.d.len()` super-blocks.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot(w: &[u8], a: ActRow<'_>) -> f32 {
-        let mut lanes = [0.0f32; 8];
-        for (s, ((block, aq), (&da, bs))) in w
-            .chunks_exact(BLOCK_BYTES)
-            .zip(a.qs.chunks_exact(256))
-            .zip(a.d.iter().zip(a.bsums.chunks_exact(16)))
-            .enumerate()
-        {
-            let d = f16_le(*arr::<2>(block));
-            let dmin = f16_le(*arr::<2>(&block[2..]));
-            let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
-            let isum = int_dot(block.as_ptr(), &sc, aq.as_ptr());
-            let imin = k_mins_dot(&mn, bs);
-            fold_scaled_min(&mut lanes[s % 8], d, dmin, da, isum, imin);
-        }
-        tree8(&lanes)
-    }
-
-    /// AVX2: `out[r] = dot(row r of w, a)`.
+    /// AVX2: `out[r] = dot(row r of w, a)`, bit-identical to
+    /// [`super::dot_scalar`].
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn rows(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
         let nb = a.d.len();
+        let ns = nb / 8;
         assert!(
-            row_bytes == nb * BLOCK_BYTES
-                && a.qs.len() == nb * 256
-                && a.bsums.len() == nb * 16
+            nb.is_multiple_of(8)
+                && row_bytes == ns * BLOCK_BYTES
+                && a.qs.len() == nb * 32
+                && a.bsums.len() == nb
                 && w.len() >= out.len() * row_bytes,
             "Q5_K kernel: inconsistent shapes"
         );
+        let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
         for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            *o = dot(row, a);
+            let mut acc = _mm256_setzero_ps();
+            for s in 0..ns {
+                // In bounds: checked above.
+                let bp = row.as_ptr().add(s * BLOCK_BYTES);
+                let isum = int_dots(bp, qs.add(256 * s));
+                acc = fold_super(acc, bp, isum, d.add(8 * s), bs.add(8 * s));
+            }
+            *o = tree8_ps(acc);
         }
     }
 }

@@ -11,6 +11,12 @@
 //! * g3: `ql[l+32]` high nibble, `qh[l]` bits 6..8
 //!
 //! and the 6-bit `u` stands for `d * scale[k] * (u - 32)`, `k` = index / 16.
+//!
+//! Dot products take `Block32` activations: values `32t..32t+32` of
+//! super-block `s` (sub-blocks `2t`, `2t + 1`; group `t % 4` of half `t / 4`)
+//! meet activation block `b = 8s + t`, whose exact integer dot
+//! `scale[2t] * dot_lo + scale[2t+1] * dot_hi` folds into lane `b % 8` with
+//! [`fold_scaled`].
 
 use super::q8_act::ActRow;
 use super::{arr, f16_le, fold_scaled};
@@ -56,32 +62,22 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// `sum_k scale[k] * dot_k` of one super-block with 256 activation values.
-fn int_dot(block: &[u8], aq: &[i8]) -> i32 {
-    let mut sums = [0i32; 16];
-    for h in 0..2 {
-        for g in 0..4 {
-            for l in 0..32 {
-                let i = 128 * h + 32 * g + l;
-                sums[i / 16] += (value(block, h, g, l) as i32 - 32) * aq[i] as i32;
-            }
-        }
-    }
-    (0..16).map(|k| scale(block, k) as i32 * sums[k]).sum()
-}
-
-/// Scalar reference: dot of one weight row with one `Block256` activation
-/// row. Super-block `s` folds into lane `s % 8`.
+/// Scalar reference: dot of one weight row with one `Block32` activation row.
 pub(crate) fn dot_scalar(w: &[u8], a: ActRow<'_>) -> f32 {
     let mut lanes = [0.0f32; 8];
-    for (s, ((block, aq), &da)) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.qs.chunks_exact(256))
-        .zip(a.d)
-        .enumerate()
-    {
+    for (s, block) in w.chunks_exact(BLOCK_BYTES).enumerate() {
         let d = f16_le(*arr::<2>(&block[208..]));
-        fold_scaled(&mut lanes[s % 8], d, da, int_dot(block, aq));
+        for t in 0..8 {
+            let b = 8 * s + t;
+            let aq = &a.qs[32 * b..32 * b + 32];
+            let mut sums = [0i32; 2];
+            for (l, &y) in aq.iter().enumerate() {
+                sums[l / 16] += (value(block, t / 4, t % 4, l) as i32 - 32) * y as i32;
+            }
+            let isum =
+                scale(block, 2 * t) as i32 * sums[0] + scale(block, 2 * t + 1) as i32 * sums[1];
+            fold_scaled(&mut lanes[b % 8], d, a.d[b], isum);
+        }
     }
     tree8(&lanes)
 }
@@ -97,9 +93,7 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
     use crate::quant::q8_act::ActRow;
-    use crate::quant::{arr, f16_le, fold_scaled};
     use crate::simd::avx2::*;
-    use crate::simd::tree8;
     use std::arch::x86_64::*;
 
     /// `pshufb` controls spreading int16 scale `2g` over the low 128-bit lane
@@ -120,18 +114,19 @@ pub(crate) mod avx2 {
         [ctrl(0), ctrl(1), ctrl(2), ctrl(3)]
     };
 
-    /// `sum_k scale[k] * dot_k` of the super-block at `bp` with the 256
-    /// values at `aq`, exact. The 6-bit values are multiplied unsigned; the
-    /// `- 32` offset is taken off afterwards as `32 * sum_k scale[k] * asum_k`,
-    /// from the activation's per-16 sums.
+    /// The 8 exact integer dots of the super-block at `bp` with the 256 values
+    /// at `aq`, lane `t`: `scale[2t] * dot_lo + scale[2t+1] * dot_hi` of values
+    /// `32t..32t+32`. The 6-bit values are multiplied unsigned and `32 * a`
+    /// is taken off per pair of products (in int16, exact), before the scales.
     ///
     /// # Safety
     /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn int_dot(bp: *const u8, scales: &[u8; 16], aq: *const i8, bsums: &[i16]) -> i32 {
+    unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {
         let low4 = _mm256_set1_epi8(0x0F);
-        let mut acc = _mm256_setzero_si256();
+        let m32 = _mm256_set1_epi8(32);
+        let mut p = [_mm256_setzero_si256(); 8];
         for h in 0..2 {
             let ql0 = load_256(bp.add(64 * h));
             let ql1 = load_256(bp.add(64 * h + 32));
@@ -160,56 +155,45 @@ pub(crate) mod avx2 {
             ];
             for (g, &qg) in q.iter().enumerate() {
                 let y = load_256(aq.add(128 * h + 32 * g).cast());
+                // Pair sums of (u - 32) * a: at most 2 * 32 * 127 in magnitude.
+                let pairs = _mm256_sub_epi16(dot_u8_i8_pairs(qg, y), dot_u8_i8_pairs(m32, y));
                 // Pair sums 0..8 cover values 0..16 (scale 2g of the half),
                 // 8..16 the next 16 (scale 2g + 1): spread them to match.
                 let scale = _mm256_shuffle_epi8(sc, SCALE_PAIR[g]);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(dot_u8_i8_pairs(qg, y), scale));
+                p[4 * h + g] = _mm256_madd_epi16(pairs, scale);
             }
         }
-        let mut offset = 0i32;
-        for (k, &s) in scales.iter().enumerate() {
-            offset += s as i8 as i32 * bsums[k] as i32;
-        }
-        hsum_i32(acc) - 32 * offset
+        transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
     }
 
-    /// AVX2 dot of one row; bit-identical to [`super::dot_scalar`].
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be available; `w` is `a.d.len()` super-blocks.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot(w: &[u8], a: ActRow<'_>) -> f32 {
-        let mut lanes = [0.0f32; 8];
-        for (s, ((block, aq), (&da, bs))) in w
-            .chunks_exact(BLOCK_BYTES)
-            .zip(a.qs.chunks_exact(256))
-            .zip(a.d.iter().zip(a.bsums.chunks_exact(16)))
-            .enumerate()
-        {
-            let d = f16_le(*arr::<2>(&block[208..]));
-            let isum = int_dot(block.as_ptr(), arr::<16>(&block[192..]), aq.as_ptr(), bs);
-            fold_scaled(&mut lanes[s % 8], d, da, isum);
-        }
-        tree8(&lanes)
-    }
-
-    /// AVX2: `out[r] = dot(row r of w, a)`.
+    /// AVX2: `out[r] = dot(row r of w, a)`, bit-identical to
+    /// [`super::dot_scalar`].
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn rows(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
         let nb = a.d.len();
+        let ns = nb / 8;
         assert!(
-            row_bytes == nb * BLOCK_BYTES
-                && a.qs.len() == nb * 256
-                && a.bsums.len() == nb * 16
+            nb.is_multiple_of(8)
+                && row_bytes == ns * BLOCK_BYTES
+                && a.qs.len() == nb * 32
                 && w.len() >= out.len() * row_bytes,
             "Q6_K kernel: inconsistent shapes"
         );
+        let (qs, d) = (a.qs.as_ptr(), a.d.as_ptr());
         for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            *o = dot(row, a);
+            let mut acc = _mm256_setzero_ps();
+            for s in 0..ns {
+                // In bounds: checked above.
+                let bp = row.as_ptr().add(s * BLOCK_BYTES);
+                let isum = _mm256_cvtepi32_ps(int_dots(bp, qs.add(256 * s)));
+                let dw = _mm256_set1_ps(half_to_f32(read_u16(bp.add(208))));
+                // fma(dw * da, isum, lane), as `fold_scaled`.
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, load_ps(d.add(8 * s))), isum, acc);
+            }
+            *o = tree8_ps(acc);
         }
     }
 }

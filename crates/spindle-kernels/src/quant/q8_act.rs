@@ -1,14 +1,11 @@
 //! Activation quantization: f32 rows to symmetric int8 blocks, the right-hand
 //! side of every quantized matmul.
 //!
-//! Two formats:
-//!
-//! * [`ActFormat::Block32`] (for Q8_0, Q4_0, Q5_0 weights): blocks of 32 values,
-//!   one f32 scale each (like ggml's Q8_0, with an f32 scale), plus each
-//!   block's sum of quantized values.
-//! * [`ActFormat::Block256`] (for the K types): blocks of 256 values, one f32
-//!   scale each, plus the sum of each run of 16 quantized values (like ggml's
-//!   Q8_K).
+//! One format, [`ActFormat::Block32`], for every quantized weight type: blocks
+//! of 32 values, one f32 scale each (like ggml's Q8_0, with an f32 scale), plus
+//! each block's sum of quantized values. The K types (whose super-blocks are
+//! 256 values) use it too: a scale per 32 values keeps outlier-heavy
+//! activations far more accurate than one per 256 (ggml's Q8_K).
 //!
 //! A block with largest magnitude `amax` gets scale `d = amax / 127` and values
 //! `q = round_ties_even(x * 127 / amax)`, always in `-127..=127` (never -128,
@@ -22,27 +19,16 @@ use spindle_formats::GgmlType;
 /// The block shape activations are quantized to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ActFormat {
-    /// 32 values per f32 scale.
+    /// 32 values per f32 scale, with per-32 sums.
     #[default]
     Block32,
-    /// 256 values per f32 scale, with per-16 sums.
-    Block256,
 }
 
 impl ActFormat {
-    /// Values per scale.
+    /// Values per scale (and per entry of [`ActRow::bsums`]).
     pub fn block_len(self) -> usize {
         match self {
             ActFormat::Block32 => 32,
-            ActFormat::Block256 => 256,
-        }
-    }
-
-    /// Values per entry of [`ActRow::bsums`].
-    pub fn sum_len(self) -> usize {
-        match self {
-            ActFormat::Block32 => 32,
-            ActFormat::Block256 => 16,
         }
     }
 
@@ -51,8 +37,12 @@ impl ActFormat {
     pub fn for_weights(ty: GgmlType) -> Option<ActFormat> {
         match ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Some(ActFormat::Block32),
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(ActFormat::Block256),
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K => Some(ActFormat::Block32),
         }
     }
 }
@@ -64,9 +54,7 @@ pub struct ActRow<'a> {
     pub qs: &'a [i8],
     /// One scale per block.
     pub d: &'a [f32],
-    /// Sums of runs of quantized values: of each 32-value block for
-    /// `Block32` (`cols / 32`), of each run of 16 values for `Block256`
-    /// (`cols / 16`).
+    /// The sum of each block's quantized values (one per block).
     pub bsums: &'a [i16],
 }
 
@@ -136,7 +124,7 @@ impl QuantizedActs {
         self.cols = cols;
         self.qs.resize(total, 0);
         self.d.resize(total / bl, 0.0);
-        self.bsums.resize(total / format.sum_len(), 0);
+        self.bsums.resize(total / bl, 0);
 
         match isa {
             #[cfg(target_arch = "x86_64")]
@@ -152,11 +140,7 @@ impl QuantizedActs {
                 }
             }
         }
-        for (run, s) in self
-            .qs
-            .chunks_exact(format.sum_len())
-            .zip(self.bsums.iter_mut())
-        {
+        for (run, s) in self.qs.chunks_exact(bl).zip(self.bsums.iter_mut()) {
             // At most 32 * 127 in magnitude.
             *s = run.iter().map(|&q| q as i16).sum();
         }
@@ -185,11 +169,10 @@ impl QuantizedActs {
         }
         let bl = self.format.block_len();
         let nb = self.cols / bl;
-        let ns = self.cols / self.format.sum_len();
         Some(ActRow {
             qs: &self.qs[i * self.cols..(i + 1) * self.cols],
             d: &self.d[i * nb..(i + 1) * nb],
-            bsums: &self.bsums[i * ns..(i + 1) * ns],
+            bsums: &self.bsums[i * nb..(i + 1) * nb],
         })
     }
 
