@@ -33,6 +33,8 @@ enum Command {
     Score(commands::score::ScoreArgs),
     /// Perplexity of a text file (llama.cpp's protocol).
     Perplexity(commands::perplexity::PerplexityArgs),
+    /// Prompt and generation speed, bandwidth use, and pass cost by rows.
+    Bench(commands::bench::BenchArgs),
 }
 
 fn main() {
@@ -49,6 +51,7 @@ fn main() {
         Command::Detokenize(a) => commands::tokenize::detokenize(a),
         Command::Score(a) => commands::score::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
+        Command::Bench(a) => commands::bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -15,7 +15,7 @@ pub struct ModelArgs {
     /// A .gguf file or a Hugging Face model directory (default: Gemma 3 270M, pulled on first use).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Compute threads (default: all cores).
+    /// Compute threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
     /// Context length in tokens (default: the model's).
@@ -26,7 +26,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     pub fn threads(&self) -> usize {
         self.threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .unwrap_or_else(spindle_kernels::cpu::physical_cores)
             .max(1)
     }
 

@@ -1,5 +1,6 @@
 //! Sequences, sampling, the generation loop and scoring.
 
+pub mod bench;
 pub mod error;
 pub mod generate;
 pub mod sampler;

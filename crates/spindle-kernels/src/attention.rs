@@ -7,6 +7,8 @@
 
 use half::f16;
 
+use crate::simd::Isa;
+
 /// An element type the KV cache can hold.
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
@@ -54,11 +56,12 @@ pub struct KvRows<'a, E> {
     pub stride: usize,
 }
 
-/// What one query head attends to.
-pub struct HeadQuery<'a> {
-    /// The query head, already rotated and scaled by nothing.
+/// The query heads of one row that share a KV head (GQA/MQA group).
+pub struct GroupQuery<'a> {
+    /// `heads * head_dim` values, rotated.
     pub q: &'a [f32],
-    /// Offset of the matching KV head inside a KV row.
+    pub head_dim: usize,
+    /// Offset of the shared KV head inside a KV row.
     pub kv_offset: usize,
     /// Score multiplier (`1/sqrt(d)` or the model's own).
     pub scale: f32,
@@ -66,89 +69,175 @@ pub struct HeadQuery<'a> {
     pub softcap: Option<f32>,
 }
 
-/// Attends `query` over `committed` rows `ctx_from..ctx_to`, then over the
-/// pass rows listed in `tail_rows` (in position order). Writes the head's
-/// output into `out`; `scores` is scratch.
-pub fn attend_head<E: KvElem>(
-    query: &HeadQuery<'_>,
+/// Largest head size the attention kernel takes (Gemma 2/3 use 256).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Attends every head of `query` over `committed` rows `ctx_range`, then the
+/// pass rows `tail_rows` (in position order). Each key and value row is
+/// widened to f32 once and used by every head of the group. Writes
+/// `heads * head_dim` values into `out`; `scratch` is reused between calls.
+///
+/// Per head, the operations are the same whatever the group size, the ISA or
+/// where the keys come from: scores in key order, a two-pass softmax, values
+/// accumulated in key order with fused multiply-adds.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group<E: KvElem>(
+    isa: Isa,
+    query: &GroupQuery<'_>,
     committed: KvRows<'_, E>,
     ctx_range: std::ops::Range<usize>,
     tail: KvRows<'_, E>,
     tail_rows: &[usize],
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let d = query.q.len();
+    let d = query.head_dim;
     assert!(d <= MAX_HEAD_DIM, "head size {d} > {MAX_HEAD_DIM}");
+    let heads = query.q.len() / d;
+    let nk = ctx_range.len() + tail_rows.len();
+    let off = query.kv_offset;
+    let rows = |values: bool| {
+        let (c, t) = if values {
+            (committed.v, tail.v)
+        } else {
+            (committed.k, tail.k)
+        };
+        ctx_range
+            .clone()
+            .map(move |r| head_of(c, r * committed.stride + off, d))
+            .chain(
+                tail_rows
+                    .iter()
+                    .map(move |&r| head_of(t, r * tail.stride + off, d)),
+            )
+    };
     let mut buf = [0.0f32; MAX_HEAD_DIM];
     let row = &mut buf[..d];
-    scores.clear();
-    let mut max = f32::NEG_INFINITY;
-    let off = query.kv_offset;
-    let keys = ctx_range
-        .clone()
-        .map(|r| head_of(committed.k, r * committed.stride + off, d))
-        .chain(
-            tail_rows
-                .iter()
-                .map(|&r| head_of(tail.k, r * tail.stride + off, d)),
-        );
-    for k in keys {
+    scratch.clear();
+    scratch.resize(heads * nk, 0.0);
+    for (j, k) in rows(false).enumerate() {
         E::load(k, row);
-        let mut s = dot(query.q, row) * query.scale;
-        if let Some(cap) = query.softcap {
-            s = (s / cap).tanh() * cap;
+        for h in 0..heads {
+            let mut s = dot(isa, &query.q[h * d..(h + 1) * d], row) * query.scale;
+            if let Some(cap) = query.softcap {
+                s = (s / cap).tanh() * cap;
+            }
+            scratch[h * nk + j] = s;
         }
-        max = max.max(s);
-        scores.push(s);
     }
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    for h in 0..heads {
+        let sc = &mut scratch[h * nk..(h + 1) * nk];
+        let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for s in sc.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        sc.iter_mut().for_each(|s| *s *= inv);
     }
-    let inv = 1.0 / sum;
     out.fill(0.0);
-    let values = ctx_range
-        .map(|r| head_of(committed.v, r * committed.stride + off, d))
-        .chain(
-            tail_rows
-                .iter()
-                .map(|&r| head_of(tail.v, r * tail.stride + off, d)),
-        );
-    for (v, &p) in values.zip(scores.iter()) {
+    for (j, v) in rows(true).enumerate() {
         E::load(v, row);
-        let w = p * inv;
-        for (o, &x) in out.iter_mut().zip(row.iter()) {
-            *o += w * x;
+        for h in 0..heads {
+            axpy(isa, scratch[h * nk + j], row, &mut out[h * d..(h + 1) * d]);
         }
     }
 }
-
-/// Largest head size the attention kernel takes (Gemma 2/3 use 256).
-pub const MAX_HEAD_DIM: usize = 512;
 
 #[inline(always)]
 fn head_of<E>(rows: &[E], at: usize, d: usize) -> &[E] {
     &rows[at..at + d]
 }
 
-/// Dot product in a fixed order (element `i` into lane `i % 8`, then a fixed
-/// tree), so the result never depends on where the key came from.
+/// `sum(q[i] * k[i])`: element `i` into lane `i % 8` with a fused
+/// multiply-add, lanes reduced by a fixed tree. The same on every ISA.
 #[inline]
-fn dot(q: &[f32], k: &[f32]) -> f32 {
+pub fn dot(isa: Isa, q: &[f32], k: &[f32]) -> f32 {
+    debug_assert_eq!(q.len(), k.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: the caller chose Avx2 only when the CPU has AVX2 and FMA.
+        return unsafe { avx2::dot(q, k) };
+    }
+    let _ = isa;
     let mut acc = [0.0f32; 8];
-    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
-    let (qr, kr) = (qc.remainder(), kc.remainder());
-    for (a, b) in qc.zip(kc) {
-        for ((l, &x), &y) in acc.iter_mut().zip(a).zip(b) {
-            *l += x * y;
+    for (i, (&a, &b)) in q.iter().zip(k).enumerate() {
+        acc[i % 8] = a.mul_add(b, acc[i % 8]);
+    }
+    tree8(&acc)
+}
+
+/// `out[i] = w * v[i] + out[i]`, fused, on every ISA.
+#[inline]
+pub fn axpy(isa: Isa, w: f32, v: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as in `dot`.
+        return unsafe { avx2::axpy(w, v, out) };
+    }
+    let _ = isa;
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o = w.mul_add(x, *o);
+    }
+}
+
+#[inline(always)]
+fn tree8(a: &[f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
+        let n = q.len().min(k.len());
+        let full = n / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= len of both slices.
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_ps(q.as_ptr().add(i)),
+                    _mm256_loadu_ps(k.as_ptr().add(i)),
+                )
+            };
+            acc = _mm256_fmadd_ps(a, b, acc);
+            i += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: lanes holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+        for j in full..n {
+            lanes[j % 8] = q[j].mul_add(k[j], lanes[j % 8]);
+        }
+        super::tree8(&lanes)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn axpy(w: f32, v: &[f32], out: &mut [f32]) {
+        let n = v.len().min(out.len());
+        let full = n / 8 * 8;
+        let wv = _mm256_set1_ps(w);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= len of both slices.
+            unsafe {
+                let o = out.as_mut_ptr().add(i);
+                _mm256_storeu_ps(
+                    o,
+                    _mm256_fmadd_ps(wv, _mm256_loadu_ps(v.as_ptr().add(i)), _mm256_loadu_ps(o)),
+                );
+            }
+            i += 8;
+        }
+        for j in full..n {
+            out[j] = w.mul_add(v[j], out[j]);
         }
     }
-    for ((l, &x), &y) in acc.iter_mut().zip(qr).zip(kr) {
-        *l += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
 #[cfg(test)]
@@ -179,10 +268,9 @@ mod tests {
     }
 
     #[test]
-    fn matches_softmax_reference_and_is_split_invariant() {
-        let d = 12;
-        let stride = 2 * d; // two KV heads, we use the second
-        let n = 7;
+    fn matches_reference_and_is_invariant_to_split_group_and_isa() {
+        let (d, heads, n) = (12, 3, 7);
+        let stride = 2 * d; // two KV heads; the group uses the second
         let mut seed = 1u32;
         let mut rnd = || {
             seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
@@ -190,35 +278,57 @@ mod tests {
         };
         let k: Vec<f32> = (0..n * stride).map(|_| rnd()).collect();
         let v: Vec<f32> = (0..n * stride).map(|_| rnd()).collect();
-        let q: Vec<f32> = (0..d).map(|_| rnd() * 4.0).collect();
-        let hq = HeadQuery {
-            q: &q,
-            kv_offset: d,
-            scale: 0.3,
-            softcap: None,
-        };
+        let q: Vec<f32> = (0..heads * d).map(|_| rnd() * 4.0).collect();
         let all = KvRows {
             k: &k,
             v: &v,
             stride,
         };
-        let mut scores = Vec::new();
-        // all committed
-        let mut a = vec![0.0; d];
-        attend_head(&hq, all, 0..n, all, &[], &mut scores, &mut a);
-        // split: 4 committed, 3 from the pass
-        let mut b = vec![0.0; d];
-        attend_head(&hq, all, 0..4, all, &[4, 5, 6], &mut scores, &mut b);
-        assert_eq!(a, b, "split between committed and pass rows changed bits");
-        let keys: Vec<Vec<f32>> = (0..n)
-            .map(|r| k[r * stride + d..r * stride + 2 * d].to_vec())
-            .collect();
-        let vals: Vec<Vec<f32>> = (0..n)
-            .map(|r| v[r * stride + d..r * stride + 2 * d].to_vec())
-            .collect();
-        let want = reference(&q, &keys, &vals, 0.3);
-        for i in 0..d {
-            assert!((a[i] as f64 - want[i]).abs() < 1e-5, "{i}");
+        let run = |isa: Isa, q: &[f32], ctx: std::ops::Range<usize>, tail: &[usize]| {
+            let gq = GroupQuery {
+                q,
+                head_dim: d,
+                kv_offset: d,
+                scale: 0.3,
+                softcap: None,
+            };
+            let mut out = vec![0.0; q.len()];
+            attend_group(isa, &gq, all, ctx, all, tail, &mut Vec::new(), &mut out);
+            out
+        };
+        for isa in crate::simd::available_isas() {
+            let a = run(isa, &q, 0..n, &[]);
+            assert_eq!(
+                a,
+                run(isa, &q, 0..4, &[4, 5, 6]),
+                "{isa}: committed/pass split changed bits"
+            );
+            assert_eq!(
+                a,
+                run(Isa::Scalar, &q, 0..n, &[]),
+                "{isa} differs from scalar"
+            );
+            for h in 0..heads {
+                let alone = run(isa, &q[h * d..(h + 1) * d], 0..n, &[]);
+                assert_eq!(
+                    alone,
+                    a[h * d..(h + 1) * d],
+                    "{isa}: head {h} depends on its group"
+                );
+                let keys: Vec<Vec<f32>> = (0..n)
+                    .map(|r| k[r * stride + d..r * stride + 2 * d].to_vec())
+                    .collect();
+                let vals: Vec<Vec<f32>> = (0..n)
+                    .map(|r| v[r * stride + d..r * stride + 2 * d].to_vec())
+                    .collect();
+                let want = reference(&q[h * d..(h + 1) * d], &keys, &vals, 0.3);
+                for i in 0..d {
+                    assert!(
+                        (a[h * d + i] as f64 - want[i]).abs() < 1e-5,
+                        "{isa} head {h} value {i}"
+                    );
+                }
+            }
         }
     }
 }

@@ -3,8 +3,10 @@
 
 pub mod activation;
 pub mod attention;
+pub mod cpu;
 pub mod error;
 pub mod matmul;
+pub mod membw;
 pub mod norm;
 pub mod quant;
 pub mod rope;

@@ -1,10 +1,11 @@
 //! The decoder: one pass of a `Batch` through every layer, top to bottom.
 
 use spindle_kernels::activation::{gated, soft_cap};
-use spindle_kernels::attention::{attend_head, HeadQuery, KvElem, KvRows};
+use spindle_kernels::attention::{attend_group, GroupQuery, KvElem, KvRows};
 use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
 use spindle_kernels::rope::RopeTable;
-use spindle_kernels::{matmul, ThreadPool};
+use spindle_kernels::simd::{detected_isa, Isa};
+use spindle_kernels::ThreadPool;
 
 use crate::batch::Batch;
 use crate::config::ModelConfig;
@@ -20,6 +21,7 @@ pub struct Model {
     /// One rope table per layer (bases differ between sliding and global layers).
     ropes: Vec<RopeTable>,
     pool: ThreadPool,
+    isa: Isa,
 }
 
 /// Logits of the rows of a pass that asked for them.
@@ -76,7 +78,26 @@ impl Model {
             weights,
             ropes,
             pool: ThreadPool::new(n_threads.max(1)),
+            isa: detected_isa(),
         }
+    }
+
+    /// Runs every kernel on `isa` instead of the detected one (for tests
+    /// that compare paths). Errors when this CPU lacks it.
+    pub fn set_isa(&mut self, isa: Isa) -> Result<(), ModelError> {
+        if !isa.is_available() {
+            return Err(ModelError::Kernel(
+                spindle_kernels::KernelError::Unsupported {
+                    what: format!("instruction set {isa} on this CPU"),
+                },
+            ));
+        }
+        self.isa = isa;
+        Ok(())
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     pub fn n_threads(&self) -> usize {
@@ -256,7 +277,8 @@ impl Model {
     }
 
     fn matmul(&self, m: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
-        matmul(
+        spindle_kernels::matmul::matmul_with_isa(
+            self.isa,
             &m.view(),
             &x[..n * m.cols],
             n,
@@ -266,8 +288,10 @@ impl Model {
         Ok(())
     }
 
-    /// Every (row, head) of the pass attends over its window of committed KV
-    /// and its path in the batch.
+    /// Every row of the pass attends over its window of committed KV and its
+    /// path in the batch. A task is one row's heads that share a KV head (or
+    /// a slice of them, so that decode of one row still uses every thread);
+    /// the split never changes a head's result.
     fn attention(
         &self,
         layer: usize,
@@ -283,12 +307,20 @@ impl Model {
         } else {
             None
         };
-        let group = cfg.n_head / cfg.n_head_kv.max(1);
+        let n_kv = cfg.n_head_kv.max(1);
+        let group = cfg.n_head / n_kv;
         let hd = cfg.head_dim;
+        let groups = batch.len() * n_kv;
+        let parts = self.pool.n_threads().div_ceil(groups).clamp(1, group);
+        let per_part = group.div_ceil(parts);
+        let parts = group.div_ceil(per_part);
         let out_heads = DisjointChunks::new(out, hd);
         let scratch = &kv.scratch.layers[layer];
         let task = |t: usize| {
-            let (i, head) = (t / cfg.n_head, t % cfg.n_head);
+            let (g, part) = (t / parts, t % parts);
+            let (i, kv_head) = (g / n_kv, g % n_kv);
+            let heads = kv_head * group + part * per_part
+                ..kv_head * group + ((part + 1) * per_part).min(group);
             let row = &batch.rows[i];
             let plan = &plans[i];
             // Keys at positions > pos - window are visible.
@@ -300,53 +332,64 @@ impl Model {
                 .copied()
                 .filter(|&r| batch.rows[r].pos >= first)
                 .collect();
-            let query = HeadQuery {
-                q: &q[(i * cfg.n_head + head) * hd..(i * cfg.n_head + head + 1) * hd],
-                kv_offset: (head / group) * hd,
+            let q_row = i * cfg.n_head;
+            let query = GroupQuery {
+                q: &q[(q_row + heads.start) * hd..(q_row + heads.end) * hd],
+                head_dim: hd,
+                kv_offset: kv_head * hd,
                 scale: cfg.attn_scale,
                 softcap: cfg.attn_softcap,
             };
             let committed = &kv.seq(row.seq).expect("validated in plan").layers[layer];
-            // SAFETY: task t is the only one writing output head t.
-            let dst = unsafe { out_heads.chunk_mut(t) };
-            let mut scores = Vec::with_capacity(ctx.len() + tail.len());
+            let mut dst = Vec::with_capacity(heads.len() * hd);
+            let mut work = Vec::new();
+            let isa = self.isa;
+            let stride = cfg.kv_dim();
+            dst.resize(heads.len() * hd, 0.0);
             match (&committed.k, &committed.v, &scratch.k, &scratch.v) {
                 (KvBuf::F32(ck), KvBuf::F32(cv), KvBuf::F32(sk), KvBuf::F32(sv)) => attend(
+                    isa,
                     &query,
                     (ck, cv),
                     ctx,
                     (sk, sv),
                     &tail,
-                    cfg.kv_dim(),
-                    &mut scores,
-                    dst,
+                    stride,
+                    &mut work,
+                    &mut dst,
                 ),
                 (KvBuf::F16(ck), KvBuf::F16(cv), KvBuf::F16(sk), KvBuf::F16(sv)) => attend(
+                    isa,
                     &query,
                     (ck, cv),
                     ctx,
                     (sk, sv),
                     &tail,
-                    cfg.kv_dim(),
-                    &mut scores,
-                    dst,
+                    stride,
+                    &mut work,
+                    &mut dst,
                 ),
                 _ => unreachable!("KV buffers of one cache share a type"),
             }
+            for (h, src) in heads.zip(dst.chunks_exact(hd)) {
+                // SAFETY: head h of row i belongs to this task alone.
+                unsafe { out_heads.chunk_mut(q_row + h) }.copy_from_slice(src);
+            }
         };
-        for_each_task(&self.pool, batch.len() * cfg.n_head, task);
+        for_each_task(&self.pool, groups * parts, task);
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn attend<E: KvElem>(
-    query: &HeadQuery<'_>,
+    isa: Isa,
+    query: &GroupQuery<'_>,
     committed: (&[E], &[E]),
     ctx: std::ops::Range<usize>,
     scratch: (&[E], &[E]),
     tail: &[usize],
     stride: usize,
-    scores: &mut Vec<f32>,
+    work: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let c = KvRows {
@@ -359,7 +402,7 @@ fn attend<E: KvElem>(
         v: scratch.1,
         stride,
     };
-    attend_head(query, c, ctx, s, tail, scores, out);
+    attend_group(isa, query, c, ctx, s, tail, work, out);
 }
 
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], dim: usize) {

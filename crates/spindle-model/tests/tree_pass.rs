@@ -218,3 +218,20 @@ fn invalid_batches_are_errors() {
     // A good batch still works afterwards.
     assert!(!bad(vec![r(1, 0, None)], &mut cache));
 }
+
+#[test]
+fn every_isa_gives_the_same_logits_bit_for_bit() {
+    for arch in ["gemma3", "qwen3"] {
+        let (_, path) = sources(arch)[1].clone();
+        let mut m = load(&path, 2);
+        let ids: Vec<u32> = (0..23).map(|i| (i * 13 + 1) % 250).collect();
+        let want = prefill_logits(&m, &ids);
+        for isa in spindle_kernels::simd::available_isas() {
+            m.model.set_isa(isa).unwrap();
+            assert!(
+                prefill_logits(&m, &ids) == want,
+                "{arch}: {isa} differs from the detected path"
+            );
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod bench;
 pub mod chat;
 pub mod perplexity;
 pub mod pull;

@@ -1,0 +1,181 @@
+//! `spindle bench`: prompt and generation speed like llama-bench, the bytes a
+//! decode pass moves against the machine's measured bandwidth, and the cost
+//! of one pass against its number of rows.
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde_json::json;
+use spindle_engine::bench::{time_decode, time_prefill, time_rows, Summary};
+use spindle_kernels::membw::read_bandwidth;
+use spindle_kernels::ThreadPool;
+
+use crate::options::{parse_ids, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens processed in one pass (0: skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub prompt: usize,
+    /// Tokens generated one pass at a time (0: skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub gen: usize,
+    /// Repetitions of each test (after one warm-up).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Also time one pass of each of these row counts: "1,2,4,8,16,32,64".
+    #[arg(long)]
+    pub rows: Option<String>,
+    /// Committed context before the rows of `--rows`.
+    #[arg(long, default_value_t = 128)]
+    pub rows_context: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let rows: Vec<usize> = match &args.rows {
+        Some(s) => parse_ids(s)?.into_iter().map(|r| r as usize).collect(),
+        None => vec![],
+    };
+    if rows.contains(&0) {
+        bail!("--rows takes positive row counts, like 1,2,4,8,16");
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let loaded = args.model.load()?;
+    let model = &loaded.model;
+    let threads = model.n_threads();
+    let reps = args.reps.max(1);
+    let max_len = args
+        .prompt
+        .max(args.gen + 1)
+        .max(args.rows_context + rows.iter().copied().max().unwrap_or(0))
+        + 1;
+    let mut kv = model.new_kv_cache(model.default_kv_type(), max_len);
+
+    let bandwidth = read_bandwidth(&ThreadPool::new(threads), 1 << 30, 3);
+    let w = &model.weights;
+    let bytes_per_pass = w.matrix_bytes() + w.embed.data.len() / w.embed.rows.max(1);
+
+    let mut pp = None;
+    if args.prompt > 0 {
+        time_prefill(model, &mut kv, args.prompt, 0)?;
+        let s: Vec<f64> = (0..reps)
+            .map(|i| {
+                time_prefill(model, &mut kv, args.prompt, i as u64 + 1)
+                    .map(|t| args.prompt as f64 / t)
+            })
+            .collect::<Result<_, _>>()?;
+        pp = Some(Summary::of(s));
+    }
+    let mut tg = None;
+    if args.gen > 0 {
+        time_decode(model, &mut kv, args.gen.min(16), 0)?;
+        let s: Vec<f64> = (0..reps)
+            .map(|i| {
+                time_decode(model, &mut kv, args.gen, i as u64 + 1).map(|t| args.gen as f64 / t)
+            })
+            .collect::<Result<_, _>>()?;
+        tg = Some(Summary::of(s));
+    }
+    let mut curve = Vec::new();
+    for &r in &rows {
+        curve.push((r, time_rows(model, &mut kv, r, args.rows_context, reps)?));
+    }
+    let one_row = curve.iter().find(|(r, _)| *r == 1).map(|(_, s)| s.median);
+    let fraction = tg
+        .as_ref()
+        .map(|t| t.median * bytes_per_pass as f64 / bandwidth);
+
+    if args.json {
+        let stat = |s: &Summary| json!({"mean": s.mean, "sd": s.sd, "median": s.median});
+        let v = json!({
+            "command": command,
+            "cpu": cpu_name(),
+            "threads": threads,
+            "isa": model.isa().name(),
+            "model": loaded.name,
+            "pp": pp.as_ref().map(|s| json!({"tokens": args.prompt, "tokens_per_s": stat(s)})),
+            "tg": tg.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
+            "bytes_per_decode_pass": bytes_per_pass,
+            "memory_bandwidth_bytes_per_s": bandwidth,
+            "bandwidth_fraction": fraction,
+            "rows": curve.iter().map(|(r, s)| json!({
+                "rows": r,
+                "ms": {"mean": s.mean * 1e3, "sd": s.sd * 1e3, "median": s.median * 1e3},
+                "ratio_to_one_row": one_row.map(|o| s.median / o),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("command: {command}");
+    println!(
+        "cpu: {} | threads: {threads} | isa: {} | model: {}",
+        cpu_name(),
+        model.isa().name(),
+        loaded.name
+    );
+    println!(
+        "memory read bandwidth (1 GiB, {threads} threads): {:.1} GB/s",
+        bandwidth / 1e9
+    );
+    println!();
+    println!("| test | tokens/s mean | sd | median |");
+    println!("|---|---|---|---|");
+    if let Some(s) = &pp {
+        println!(
+            "| pp{} | {:.1} | {:.1} | {:.1} |",
+            args.prompt, s.mean, s.sd, s.median
+        );
+    }
+    if let Some(s) = &tg {
+        println!(
+            "| tg{} | {:.1} | {:.1} | {:.1} |",
+            args.gen, s.mean, s.sd, s.median
+        );
+    }
+    if let (Some(s), Some(f)) = (&tg, fraction) {
+        println!();
+        println!(
+            "decode pass reads {:.1} MB of weights: {:.1} tokens/s moves {:.1} GB/s = {:.0}% of measured bandwidth (ceiling {:.1} tokens/s)",
+            bytes_per_pass as f64 / 1e6,
+            s.median,
+            s.median * bytes_per_pass as f64 / 1e9,
+            f * 100.0,
+            bandwidth / bytes_per_pass as f64
+        );
+    }
+    if !curve.is_empty() {
+        println!();
+        println!(
+            "one pass of R rows (a chain after {} committed tokens):",
+            args.rows_context
+        );
+        println!("| rows | ms mean | sd | median | x one row |");
+        println!("|---|---|---|---|---|");
+        for (r, s) in &curve {
+            let ratio = one_row.map_or(String::from("-"), |o| format!("{:.2}", s.median / o));
+            println!(
+                "| {r} | {:.2} | {:.2} | {:.2} | {ratio} |",
+                s.mean * 1e3,
+                s.sd * 1e3,
+                s.median * 1e3
+            );
+        }
+    }
+    Ok(())
+}

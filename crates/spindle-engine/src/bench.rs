@@ -1,0 +1,152 @@
+//! Benchmarks of the one pass, like llama-bench: prompt processing, token
+//! generation, and the cost of a pass against its number of rows.
+
+use std::time::Instant;
+
+use spindle_model::{Batch, KvCache, Model, Row, SeqId};
+
+use crate::error::EngineError;
+
+/// Mean, standard deviation and median of repeated measurements.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    pub mean: f64,
+    pub sd: f64,
+    pub median: f64,
+    pub samples: Vec<f64>,
+}
+
+impl Summary {
+    pub fn of(samples: Vec<f64>) -> Summary {
+        let n = samples.len().max(1) as f64;
+        let mean = samples.iter().sum::<f64>() / n;
+        let var = samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = match sorted.len() {
+            0 => 0.0,
+            l if l % 2 == 1 => sorted[l / 2],
+            l => (sorted[l / 2 - 1] + sorted[l / 2]) / 2.0,
+        };
+        Summary {
+            mean,
+            sd: var.sqrt(),
+            median,
+            samples,
+        }
+    }
+}
+
+/// Deterministic pseudo-random token ids (what llama-bench feeds too).
+pub fn bench_tokens(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
+    let mut s = 0x2545_F491_4F6C_DD1Du64 ^ salt;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Stay clear of the special tokens at the start of most vocabularies.
+            (1000 + s % (vocab.saturating_sub(1000).max(1) as u64)) as u32 % vocab as u32
+        })
+        .collect()
+}
+
+fn fresh(kv: &mut KvCache) -> SeqId {
+    kv.add_sequence()
+}
+
+/// Seconds to prefill `p` tokens in one pass (logits for the last row only).
+pub fn time_prefill(
+    model: &Model,
+    kv: &mut KvCache,
+    p: usize,
+    salt: u64,
+) -> Result<f64, EngineError> {
+    let toks = bench_tokens(p, model.config.vocab_size, salt);
+    let seq = fresh(kv);
+    let mut b = Batch::new();
+    b.push_chain(seq, 0, &toks, |i| i + 1 == p);
+    let t = Instant::now();
+    let r = model.forward(&b, kv);
+    let s = t.elapsed().as_secs_f64();
+    kv.remove_sequence(seq);
+    r?;
+    Ok(s)
+}
+
+/// Seconds to generate `n` tokens one pass at a time after a BOS-like first
+/// token (llama-bench's tg), each pass committing its row.
+pub fn time_decode(
+    model: &Model,
+    kv: &mut KvCache,
+    n: usize,
+    salt: u64,
+) -> Result<f64, EngineError> {
+    let toks = bench_tokens(n + 1, model.config.vocab_size, salt);
+    let seq = fresh(kv);
+    let run = |kv: &mut KvCache| -> Result<f64, EngineError> {
+        let mut b = Batch::new();
+        b.push(Row {
+            token: toks[0],
+            pos: 0,
+            seq,
+            parent: None,
+            logits: false,
+        });
+        model.forward(&b, kv)?;
+        kv.commit(seq, &[0])?;
+        let t = Instant::now();
+        for (i, &tok) in toks[1..].iter().enumerate() {
+            let mut b = Batch::new();
+            b.push(Row {
+                token: tok,
+                pos: i + 1,
+                seq,
+                parent: None,
+                logits: true,
+            });
+            model.forward(&b, kv)?;
+            kv.commit(seq, &[0])?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let r = run(kv);
+    kv.remove_sequence(seq);
+    r
+}
+
+/// Seconds for one pass of `rows` rows (a chain, each with logits, as a
+/// speculative verification asks) after `context` committed tokens.
+pub fn time_rows(
+    model: &Model,
+    kv: &mut KvCache,
+    rows: usize,
+    context: usize,
+    reps: usize,
+) -> Result<Summary, EngineError> {
+    let vocab = model.config.vocab_size;
+    let seq = fresh(kv);
+    let run = |kv: &mut KvCache| -> Result<Summary, EngineError> {
+        if context > 0 {
+            let ctx = bench_tokens(context, vocab, 7);
+            let mut b = Batch::new();
+            let r = b.push_chain(seq, 0, &ctx, |_| false);
+            model.forward(&b, kv)?;
+            kv.commit(seq, &r.collect::<Vec<_>>())?;
+        }
+        let toks = bench_tokens(rows, vocab, 11);
+        let mut b = Batch::new();
+        b.push_chain(seq, context, &toks, |_| true);
+        model.forward(&b, kv)?; // warm-up
+        let mut samples = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            model.forward(&b, kv)?;
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        Ok(Summary::of(samples))
+    };
+    let r = run(kv);
+    kv.remove_sequence(seq);
+    r
+}
