@@ -1,453 +1,25 @@
-//! GGUF (versions 2 and 3, little-endian): metadata and tensor directory.
-//!
-//! Layout: magic `GGUF`, `u32` version, `u64` tensor count, `u64` metadata
-//! count, the metadata entries (key string, `u32` value type, value), the
-//! tensor infos (name string, `u32` dimension count, `u64` dimensions,
-//! `u32` type, `u64` offset relative to the data section), padding to the
-//! alignment, then the data section. Strings are a `u64` length and UTF-8
-//! bytes.
-//!
-//! Parsing reads only the header (metadata and tensor infos); it never
-//! touches the data section, so opening a memory-mapped multi-gigabyte file
-//! loads only its first pages. Every count and length read from the file is
-//! checked against the bytes that remain before anything is allocated from
-//! it, and every tensor's byte range is checked to lie inside the file.
+//! The byte-level GGUF header parser: reads the metadata and the tensor
+//! directory, checking every count, length and tensor range against the file.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::path::Path;
-use std::sync::Arc;
 
-use crate::dtype::{type_info, unsupported_type_name, GgmlType};
+use crate::dtype::type_info;
 use crate::error::FormatError;
-use crate::storage::{Storage, TensorBytes};
 
-/// The magic bytes every GGUF file starts with.
-pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
-/// Alignment of the data section and of tensor offsets when the file does
-/// not set `general.alignment`.
-pub const DEFAULT_ALIGNMENT: u64 = 32;
-/// The most dimensions a GGUF tensor may have (ggml's `GGML_MAX_DIMS`).
-pub const MAX_DIMS: u32 = 4;
-/// How deeply arrays may nest inside arrays. Real files nest at most once;
-/// the cap keeps a malicious file from exhausting the stack.
-pub const MAX_ARRAY_DEPTH: u32 = 16;
-
-const KEY_ALIGNMENT: &str = "general.alignment";
-const KEY_ARCHITECTURE: &str = "general.architecture";
-
-// Metadata value type ids.
-const T_U8: u32 = 0;
-const T_I8: u32 = 1;
-const T_U16: u32 = 2;
-const T_I16: u32 = 3;
-const T_U32: u32 = 4;
-const T_I32: u32 = 5;
-const T_F32: u32 = 6;
-const T_BOOL: u32 = 7;
-const T_STRING: u32 = 8;
-const T_ARRAY: u32 = 9;
-const T_U64: u32 = 10;
-const T_I64: u32 = 11;
-const T_F64: u32 = 12;
+use super::metadata::{
+    bool_from, describe_value, fixed_value, min_value_bytes, unknown_value_type, value_type_name,
+    MetaValue, T_ARRAY, T_BOOL, T_F32, T_F64, T_I16, T_I32, T_I64, T_I8, T_STRING, T_U16, T_U32,
+    T_U64, T_U8,
+};
+use super::{
+    GgufTensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS,
+};
 
 /// Smallest encoding of one metadata entry: empty key (8), type (4), 1-byte value.
 const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 /// Smallest encoding of one tensor info: empty name (8), dimension count (4),
 /// type (4), offset (8).
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
-
-/// The smallest number of bytes one value of metadata type `ty` takes, or
-/// `None` for an unknown type.
-fn min_value_bytes(ty: u32) -> Option<u64> {
-    Some(match ty {
-        T_U8 | T_I8 | T_BOOL => 1,
-        T_U16 | T_I16 => 2,
-        T_U32 | T_I32 | T_F32 => 4,
-        T_U64 | T_I64 | T_F64 => 8,
-        T_STRING => 8,
-        T_ARRAY => 4 + 8,
-        _ => return None,
-    })
-}
-
-fn value_type_name(ty: u32) -> &'static str {
-    match ty {
-        T_U8 => "u8",
-        T_I8 => "i8",
-        T_U16 => "u16",
-        T_I16 => "i16",
-        T_U32 => "u32",
-        T_I32 => "i32",
-        T_F32 => "f32",
-        T_BOOL => "bool",
-        T_STRING => "string",
-        T_ARRAY => "array",
-        T_U64 => "u64",
-        T_I64 => "i64",
-        T_F64 => "f64",
-        _ => "unknown",
-    }
-}
-
-/// A metadata value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MetaValue {
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    U64(u64),
-    I64(i64),
-    F32(f32),
-    F64(f64),
-    Bool(bool),
-    Str(String),
-    Array(Vec<MetaValue>),
-}
-
-impl MetaValue {
-    /// Any non-negative integer, whatever its width.
-    pub fn as_u64(&self) -> Option<u64> {
-        match *self {
-            MetaValue::U8(v) => Some(v.into()),
-            MetaValue::U16(v) => Some(v.into()),
-            MetaValue::U32(v) => Some(v.into()),
-            MetaValue::U64(v) => Some(v),
-            MetaValue::I8(v) => u64::try_from(v).ok(),
-            MetaValue::I16(v) => u64::try_from(v).ok(),
-            MetaValue::I32(v) => u64::try_from(v).ok(),
-            MetaValue::I64(v) => u64::try_from(v).ok(),
-            _ => None,
-        }
-    }
-
-    /// Any integer that fits in an `i64`.
-    pub fn as_i64(&self) -> Option<i64> {
-        match *self {
-            MetaValue::U8(v) => Some(v.into()),
-            MetaValue::U16(v) => Some(v.into()),
-            MetaValue::U32(v) => Some(v.into()),
-            MetaValue::U64(v) => i64::try_from(v).ok(),
-            MetaValue::I8(v) => Some(v.into()),
-            MetaValue::I16(v) => Some(v.into()),
-            MetaValue::I32(v) => Some(v.into()),
-            MetaValue::I64(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// Any number (integers are converted).
-    pub fn as_f64(&self) -> Option<f64> {
-        match *self {
-            MetaValue::F32(v) => Some(v.into()),
-            MetaValue::F64(v) => Some(v),
-            MetaValue::U64(v) => Some(v as f64),
-            MetaValue::I64(v) => Some(v as f64),
-            _ => self.as_i64().map(|v| v as f64),
-        }
-    }
-
-    /// A boolean.
-    pub fn as_bool(&self) -> Option<bool> {
-        match *self {
-            MetaValue::Bool(b) => Some(b),
-            _ => None,
-        }
-    }
-
-    /// A string.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            MetaValue::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    /// An array.
-    pub fn as_array(&self) -> Option<&[MetaValue]> {
-        match self {
-            MetaValue::Array(a) => Some(a),
-            _ => None,
-        }
-    }
-
-    /// The GGUF name of this value's type ("u32", "string", "array", ...).
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            MetaValue::U8(_) => "u8",
-            MetaValue::I8(_) => "i8",
-            MetaValue::U16(_) => "u16",
-            MetaValue::I16(_) => "i16",
-            MetaValue::U32(_) => "u32",
-            MetaValue::I32(_) => "i32",
-            MetaValue::U64(_) => "u64",
-            MetaValue::I64(_) => "i64",
-            MetaValue::F32(_) => "f32",
-            MetaValue::F64(_) => "f64",
-            MetaValue::Bool(_) => "bool",
-            MetaValue::Str(_) => "string",
-            MetaValue::Array(_) => "array",
-        }
-    }
-}
-
-/// One entry of the tensor directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GgufTensorInfo {
-    pub name: String,
-    /// GGUF order: `dims[0]` is the contiguous (innermost) dimension.
-    pub dims: Vec<u64>,
-    /// The ggml type id; see [`GgufTensorInfo::ty`].
-    pub type_id: u32,
-    /// Absolute offset of the tensor's bytes in the file.
-    pub offset: u64,
-    /// Size of the tensor's bytes, from its dimensions and type.
-    pub n_bytes: u64,
-}
-
-impl GgufTensorInfo {
-    /// The element type, or [`FormatError::UnsupportedType`] naming the
-    /// tensor and type when Spindle cannot compute with it.
-    pub fn ty(&self) -> Result<GgmlType, FormatError> {
-        GgmlType::from_id(self.type_id).ok_or_else(|| FormatError::UnsupportedType {
-            tensor: self.name.clone(),
-            type_name: unsupported_type_name(self.type_id),
-        })
-    }
-
-    /// The name of the element type, supported or not ("Q4_K", "IQ2_XS", ...).
-    pub fn type_name(&self) -> String {
-        match type_info(self.type_id) {
-            Some(info) => info.name.to_string(),
-            None => unsupported_type_name(self.type_id),
-        }
-    }
-
-    /// Number of elements (the product of the dimensions; checked at parse).
-    pub fn n_elements(&self) -> u64 {
-        self.dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .unwrap_or(u64::MAX)
-    }
-}
-
-/// A parsed GGUF file: its metadata, its tensor directory and its bytes.
-pub struct GgufFile {
-    storage: Arc<Storage>,
-    version: u32,
-    metadata: Vec<(String, MetaValue)>,
-    meta_index: HashMap<String, usize>,
-    tensors: Vec<GgufTensorInfo>,
-    tensor_index: HashMap<String, usize>,
-    alignment: u64,
-    data_offset: u64,
-}
-
-impl GgufFile {
-    /// Memory-maps and parses `path`. Only the header pages are read.
-    pub fn open(path: &Path) -> Result<GgufFile, FormatError> {
-        GgufFile::from_storage(Arc::new(Storage::map(path)?))
-    }
-
-    /// The same as [`GgufFile::open`], for callers that want only metadata
-    /// and the tensor directory: the file is memory-mapped and parsing reads
-    /// only the header, so no tensor data is loaded from disk.
-    pub fn open_header(path: &Path) -> Result<GgufFile, FormatError> {
-        GgufFile::open(path)
-    }
-
-    /// Parses a file held in memory.
-    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, FormatError> {
-        GgufFile::from_storage(Arc::new(Storage::from_vec(bytes)))
-    }
-
-    /// Parses the bytes of `storage`.
-    pub fn from_storage(storage: Arc<Storage>) -> Result<GgufFile, FormatError> {
-        let header = Parser::new(&storage).parse()?;
-        Ok(GgufFile {
-            storage,
-            version: header.version,
-            metadata: header.metadata,
-            meta_index: header.meta_index,
-            tensors: header.tensors,
-            tensor_index: header.tensor_index,
-            alignment: header.alignment,
-            data_offset: header.data_offset,
-        })
-    }
-
-    /// The GGUF version (2 or 3).
-    pub fn version(&self) -> u32 {
-        self.version
-    }
-
-    /// All metadata, in file order.
-    pub fn metadata(&self) -> &[(String, MetaValue)] {
-        &self.metadata
-    }
-
-    /// The metadata value of `key`.
-    pub fn get(&self, key: &str) -> Option<&MetaValue> {
-        let &i = self.meta_index.get(key)?;
-        self.metadata.get(i).map(|(_, v)| v)
-    }
-
-    /// `key` as a non-negative integer of any width.
-    pub fn get_u64(&self, key: &str) -> Option<u64> {
-        self.get(key).and_then(MetaValue::as_u64)
-    }
-
-    /// `key` as an integer of any width that fits in an `i64`.
-    pub fn get_i64(&self, key: &str) -> Option<i64> {
-        self.get(key).and_then(MetaValue::as_i64)
-    }
-
-    /// `key` as a number of any type.
-    pub fn get_f64(&self, key: &str) -> Option<f64> {
-        self.get(key).and_then(MetaValue::as_f64)
-    }
-
-    /// `key` as a boolean.
-    pub fn get_bool(&self, key: &str) -> Option<bool> {
-        self.get(key).and_then(MetaValue::as_bool)
-    }
-
-    /// `key` as a string.
-    pub fn get_str(&self, key: &str) -> Option<&str> {
-        self.get(key).and_then(MetaValue::as_str)
-    }
-
-    /// `key` as an array.
-    pub fn get_array(&self, key: &str) -> Option<&[MetaValue]> {
-        self.get(key).and_then(MetaValue::as_array)
-    }
-
-    /// The value of `key`, or [`FormatError::MissingKey`].
-    pub fn require(&self, key: &str) -> Result<&MetaValue, FormatError> {
-        self.get(key)
-            .ok_or_else(|| FormatError::MissingKey(key.to_string()))
-    }
-
-    /// `key` as a non-negative integer, or `MissingKey` / `WrongType`.
-    pub fn require_u64(&self, key: &str) -> Result<u64, FormatError> {
-        let v = self.require(key)?;
-        v.as_u64()
-            .ok_or_else(|| wrong_type(key, "a non-negative integer", v))
-    }
-
-    /// `key` as a number, or `MissingKey` / `WrongType`.
-    pub fn require_f64(&self, key: &str) -> Result<f64, FormatError> {
-        let v = self.require(key)?;
-        v.as_f64().ok_or_else(|| wrong_type(key, "a number", v))
-    }
-
-    /// `key` as a string, or `MissingKey` / `WrongType`.
-    pub fn require_str(&self, key: &str) -> Result<&str, FormatError> {
-        let v = self.require(key)?;
-        v.as_str().ok_or_else(|| wrong_type(key, "a string", v))
-    }
-
-    /// `key` as an array, or `MissingKey` / `WrongType`.
-    pub fn require_array(&self, key: &str) -> Result<&[MetaValue], FormatError> {
-        let v = self.require(key)?;
-        v.as_array().ok_or_else(|| wrong_type(key, "an array", v))
-    }
-
-    /// `general.architecture` ("llama", "gemma3", ...).
-    pub fn architecture(&self) -> Option<&str> {
-        self.get_str(KEY_ARCHITECTURE)
-    }
-
-    /// The tensor directory, in file order.
-    pub fn tensors(&self) -> &[GgufTensorInfo] {
-        &self.tensors
-    }
-
-    /// The tensor called `name`.
-    pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
-        let &i = self.tensor_index.get(name)?;
-        self.tensors.get(i)
-    }
-
-    /// The tensor called `name`, or [`FormatError::MissingTensor`].
-    pub fn require_tensor(&self, name: &str) -> Result<&GgufTensorInfo, FormatError> {
-        self.tensor(name)
-            .ok_or_else(|| FormatError::MissingTensor(name.to_string()))
-    }
-
-    /// The bytes of tensor `t` (bounds-checked when the file was parsed).
-    /// `t` must come from this file: for a tensor info this file does not
-    /// hold, the result is empty.
-    pub fn tensor_bytes(&self, t: &GgufTensorInfo) -> TensorBytes {
-        let ours = match self.tensor(&t.name) {
-            Some(ours) if ours.offset == t.offset && ours.n_bytes == t.n_bytes => ours,
-            _ => return TensorBytes::empty(),
-        };
-        let range = usize::try_from(ours.offset).ok().and_then(|start| {
-            let len = usize::try_from(ours.n_bytes).ok()?;
-            Some(start..start.checked_add(len)?)
-        });
-        range
-            .and_then(|r| TensorBytes::new(Arc::clone(&self.storage), r))
-            .unwrap_or_else(TensorBytes::empty)
-    }
-
-    /// Size of the file in bytes.
-    pub fn file_len(&self) -> u64 {
-        self.storage.len() as u64
-    }
-
-    /// Absolute offset of the data section (tensor offsets are absolute
-    /// already; this is where the section starts).
-    pub fn data_offset(&self) -> u64 {
-        self.data_offset
-    }
-
-    /// Alignment of the data section and tensor offsets.
-    pub fn alignment(&self) -> u64 {
-        self.alignment
-    }
-
-    /// The bytes of the whole file.
-    pub fn storage(&self) -> &Arc<Storage> {
-        &self.storage
-    }
-
-    /// The file's path, when it was opened from one.
-    pub fn path(&self) -> Option<&Path> {
-        self.storage.path()
-    }
-}
-
-impl fmt::Debug for GgufFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GgufFile")
-            .field("path", &self.path())
-            .field("version", &self.version)
-            .field("architecture", &self.architecture())
-            .field("metadata_entries", &self.metadata.len())
-            .field("tensors", &self.tensors.len())
-            .field("alignment", &self.alignment)
-            .field("data_offset", &self.data_offset)
-            .field("file_len", &self.file_len())
-            .finish()
-    }
-}
-
-fn wrong_type(key: &str, expected: &'static str, found: &MetaValue) -> FormatError {
-    FormatError::WrongType {
-        key: key.to_string(),
-        expected,
-        found: found.type_name(),
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Parsing.
 
 /// Not enough bytes: `needed` bytes were wanted from `offset`.
 #[derive(Clone, Copy)]
@@ -456,14 +28,14 @@ struct Short {
     needed: u64,
 }
 
-struct Header {
-    version: u32,
-    metadata: Vec<(String, MetaValue)>,
-    meta_index: HashMap<String, usize>,
-    tensors: Vec<GgufTensorInfo>,
-    tensor_index: HashMap<String, usize>,
-    alignment: u64,
-    data_offset: u64,
+pub(super) struct Header {
+    pub(super) version: u32,
+    pub(super) metadata: Vec<(String, MetaValue)>,
+    pub(super) meta_index: HashMap<String, usize>,
+    pub(super) tensors: Vec<GgufTensorInfo>,
+    pub(super) tensor_index: HashMap<String, usize>,
+    pub(super) alignment: u64,
+    pub(super) data_offset: u64,
 }
 
 /// A tensor info as read, before its offset is made absolute.
@@ -474,15 +46,15 @@ struct RawTensor {
     offset_at: u64,
 }
 
-struct Parser<'a> {
+pub(super) struct Parser<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
-type Name<'n> = &'n dyn Fn() -> String;
+pub(super) type Name<'n> = &'n dyn Fn() -> String;
 
 impl<'a> Parser<'a> {
-    fn new(buf: &'a [u8]) -> Parser<'a> {
+    pub(super) fn new(buf: &'a [u8]) -> Parser<'a> {
         Parser { buf, pos: 0 }
     }
 
@@ -595,7 +167,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn parse(mut self) -> Result<Header, FormatError> {
+    pub(super) fn parse(mut self) -> Result<Header, FormatError> {
         let magic: [u8; 4] = self.array_of(&|| "magic (file header)".to_string())?;
         if magic != GGUF_MAGIC {
             return Err(FormatError::BadMagic { found: magic });
@@ -933,61 +505,6 @@ fn place_tensor(
     info.offset = start;
     info.n_bytes = n_bytes;
     Ok(info)
-}
-
-fn fixed_value(ty: u32, c: &[u8]) -> MetaValue {
-    fn arr<const N: usize>(c: &[u8]) -> [u8; N] {
-        let mut a = [0u8; N];
-        if let Some(src) = c.get(..N) {
-            a.copy_from_slice(src);
-        }
-        a
-    }
-    match ty {
-        T_U8 => MetaValue::U8(u8::from_le_bytes(arr(c))),
-        T_I8 => MetaValue::I8(i8::from_le_bytes(arr(c))),
-        T_U16 => MetaValue::U16(u16::from_le_bytes(arr(c))),
-        T_I16 => MetaValue::I16(i16::from_le_bytes(arr(c))),
-        T_U32 => MetaValue::U32(u32::from_le_bytes(arr(c))),
-        T_I32 => MetaValue::I32(i32::from_le_bytes(arr(c))),
-        T_F32 => MetaValue::F32(f32::from_le_bytes(arr(c))),
-        T_U64 => MetaValue::U64(u64::from_le_bytes(arr(c))),
-        T_I64 => MetaValue::I64(i64::from_le_bytes(arr(c))),
-        _ => MetaValue::F64(f64::from_le_bytes(arr(c))),
-    }
-}
-
-fn bool_from(b: u8, at: u64, field: Name) -> Result<bool, FormatError> {
-    match b {
-        0 => Ok(false),
-        1 => Ok(true),
-        _ => Err(FormatError::Invalid {
-            field: field(),
-            offset: at,
-            reason: format!(
-                "a bool must be 0 or 1, not {b}: the file is corrupt, fetch the model again"
-            ),
-        }),
-    }
-}
-
-fn unknown_value_type(ty: u32, at: u64, field: Name) -> FormatError {
-    FormatError::Invalid {
-        field: field(),
-        offset: at,
-        reason: format!(
-            "unknown metadata value type {ty} (GGUF defines types 0 to 12): the file is corrupt \
-             or from a newer GGUF version, fetch the model again or upgrade Spindle"
-        ),
-    }
-}
-
-fn describe_value(v: &MetaValue) -> String {
-    match v {
-        MetaValue::Str(s) => format!("the string {s:?}"),
-        MetaValue::Array(a) => format!("an array of {} elements", a.len()),
-        other => format!("{other:?}"),
-    }
 }
 
 fn align_up(x: u64, alignment: u64) -> Option<u64> {

@@ -1,0 +1,37 @@
+"""Prints llama-bench and spindle bench results side by side, with ratios."""
+import json
+import platform
+import sys
+
+llama_path, spindle_path, command = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(llama_path) as f:
+    llama = json.load(f)
+with open(spindle_path) as f:
+    spindle = json.load(f)
+
+cpu = spindle.get("cpu") or platform.processor()
+print(f"command: {command}")
+print(f"cpu: {cpu} | threads: {spindle['threads']} | spindle isa: {spindle['isa']} | model: {spindle['model']}")
+print(f"memory read bandwidth: {spindle['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+for r in llama:
+    print(f"llama.cpp: build {r.get('build_commit', '?')} ({r.get('build_number', '?')}), backend {r.get('backends', r.get('backend', '?'))}, threads {r.get('n_threads')}")
+    break
+print()
+print("| test | llama.cpp tok/s | spindle tok/s (median) | spindle / llama.cpp |")
+print("|---|---|---|---|")
+for r in llama:
+    n_prompt, n_gen = r.get("n_prompt", 0), r.get("n_gen", 0)
+    if n_prompt and not n_gen:
+        name, ours = f"pp{n_prompt}", spindle.get("pp")
+    elif n_gen and not n_prompt:
+        name, ours = f"tg{n_gen}", spindle.get("tg")
+    else:
+        continue
+    theirs = r["avg_ts"]
+    mine = ours["tokens_per_s"]["median"] if ours else float("nan")
+    print(f"| {name} | {theirs:.1f} ± {r.get('stddev_ts', 0):.1f} | {mine:.1f} ± {ours['tokens_per_s']['sd'] if ours else 0:.1f} | {mine / theirs:.2f}x |")
+frac = spindle.get("bandwidth_fraction")
+if frac:
+    print()
+    print(f"spindle decode moves {frac * 100:.0f}% of the measured bandwidth "
+          f"({spindle['bytes_per_decode_pass'] / 1e6:.1f} MB of weights per pass)")

@@ -1,0 +1,289 @@
+//! GGUF (versions 2 and 3, little-endian): metadata and tensor directory.
+//!
+//! Layout: magic `GGUF`, `u32` version, `u64` tensor count, `u64` metadata
+//! count, the metadata entries (key string, `u32` value type, value), the
+//! tensor infos (name string, `u32` dimension count, `u64` dimensions,
+//! `u32` type, `u64` offset relative to the data section), padding to the
+//! alignment, then the data section. Strings are a `u64` length and UTF-8
+//! bytes.
+//!
+//! Parsing reads only the header (metadata and tensor infos); it never
+//! touches the data section, so opening a memory-mapped multi-gigabyte file
+//! loads only its first pages. Every count and length read from the file is
+//! checked against the bytes that remain before anything is allocated from
+//! it, and every tensor's byte range is checked to lie inside the file.
+
+mod metadata;
+mod parser;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::dtype::{type_info, unsupported_type_name, GgmlType};
+use crate::error::FormatError;
+use crate::storage::{Storage, TensorBytes};
+
+pub use metadata::MetaValue;
+
+use metadata::wrong_type;
+use parser::Parser;
+
+/// The magic bytes every GGUF file starts with.
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// Alignment of the data section and of tensor offsets when the file does
+/// not set `general.alignment`.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// The most dimensions a GGUF tensor may have (ggml's `GGML_MAX_DIMS`).
+pub const MAX_DIMS: u32 = 4;
+/// How deeply arrays may nest inside arrays. Real files nest at most once;
+/// the cap keeps a malicious file from exhausting the stack.
+pub const MAX_ARRAY_DEPTH: u32 = 16;
+
+const KEY_ALIGNMENT: &str = "general.alignment";
+const KEY_ARCHITECTURE: &str = "general.architecture";
+
+/// One entry of the tensor directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// GGUF order: `dims[0]` is the contiguous (innermost) dimension.
+    pub dims: Vec<u64>,
+    /// The ggml type id; see [`GgufTensorInfo::ty`].
+    pub type_id: u32,
+    /// Absolute offset of the tensor's bytes in the file.
+    pub offset: u64,
+    /// Size of the tensor's bytes, from its dimensions and type.
+    pub n_bytes: u64,
+}
+
+impl GgufTensorInfo {
+    /// The element type, or [`FormatError::UnsupportedType`] naming the
+    /// tensor and type when Spindle cannot compute with it.
+    pub fn ty(&self) -> Result<GgmlType, FormatError> {
+        GgmlType::from_id(self.type_id).ok_or_else(|| FormatError::UnsupportedType {
+            tensor: self.name.clone(),
+            type_name: unsupported_type_name(self.type_id),
+        })
+    }
+
+    /// The name of the element type, supported or not ("Q4_K", "IQ2_XS", ...).
+    pub fn type_name(&self) -> String {
+        match type_info(self.type_id) {
+            Some(info) => info.name.to_string(),
+            None => unsupported_type_name(self.type_id),
+        }
+    }
+
+    /// Number of elements (the product of the dimensions; checked at parse).
+    pub fn n_elements(&self) -> u64 {
+        self.dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(u64::MAX)
+    }
+}
+
+/// A parsed GGUF file: its metadata, its tensor directory and its bytes.
+pub struct GgufFile {
+    storage: Arc<Storage>,
+    version: u32,
+    metadata: Vec<(String, MetaValue)>,
+    meta_index: HashMap<String, usize>,
+    tensors: Vec<GgufTensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    alignment: u64,
+    data_offset: u64,
+}
+
+impl GgufFile {
+    /// Memory-maps and parses `path`. Only the header pages are read.
+    pub fn open(path: &Path) -> Result<GgufFile, FormatError> {
+        GgufFile::from_storage(Arc::new(Storage::map(path)?))
+    }
+
+    /// The same as [`GgufFile::open`], for callers that want only metadata
+    /// and the tensor directory: the file is memory-mapped and parsing reads
+    /// only the header, so no tensor data is loaded from disk.
+    pub fn open_header(path: &Path) -> Result<GgufFile, FormatError> {
+        GgufFile::open(path)
+    }
+
+    /// Parses a file held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, FormatError> {
+        GgufFile::from_storage(Arc::new(Storage::from_vec(bytes)))
+    }
+
+    /// Parses the bytes of `storage`.
+    pub fn from_storage(storage: Arc<Storage>) -> Result<GgufFile, FormatError> {
+        let header = Parser::new(&storage).parse()?;
+        Ok(GgufFile {
+            storage,
+            version: header.version,
+            metadata: header.metadata,
+            meta_index: header.meta_index,
+            tensors: header.tensors,
+            tensor_index: header.tensor_index,
+            alignment: header.alignment,
+            data_offset: header.data_offset,
+        })
+    }
+
+    /// The GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// All metadata, in file order.
+    pub fn metadata(&self) -> &[(String, MetaValue)] {
+        &self.metadata
+    }
+
+    /// The metadata value of `key`.
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        let &i = self.meta_index.get(key)?;
+        self.metadata.get(i).map(|(_, v)| v)
+    }
+
+    /// `key` as a non-negative integer of any width.
+    pub fn get_u64(&self, key: &str) -> Option<u64> {
+        self.get(key).and_then(MetaValue::as_u64)
+    }
+
+    /// `key` as an integer of any width that fits in an `i64`.
+    pub fn get_i64(&self, key: &str) -> Option<i64> {
+        self.get(key).and_then(MetaValue::as_i64)
+    }
+
+    /// `key` as a number of any type.
+    pub fn get_f64(&self, key: &str) -> Option<f64> {
+        self.get(key).and_then(MetaValue::as_f64)
+    }
+
+    /// `key` as a boolean.
+    pub fn get_bool(&self, key: &str) -> Option<bool> {
+        self.get(key).and_then(MetaValue::as_bool)
+    }
+
+    /// `key` as a string.
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(MetaValue::as_str)
+    }
+
+    /// `key` as an array.
+    pub fn get_array(&self, key: &str) -> Option<&[MetaValue]> {
+        self.get(key).and_then(MetaValue::as_array)
+    }
+
+    /// The value of `key`, or [`FormatError::MissingKey`].
+    pub fn require(&self, key: &str) -> Result<&MetaValue, FormatError> {
+        self.get(key)
+            .ok_or_else(|| FormatError::MissingKey(key.to_string()))
+    }
+
+    /// `key` as a non-negative integer, or `MissingKey` / `WrongType`.
+    pub fn require_u64(&self, key: &str) -> Result<u64, FormatError> {
+        let v = self.require(key)?;
+        v.as_u64()
+            .ok_or_else(|| wrong_type(key, "a non-negative integer", v))
+    }
+
+    /// `key` as a number, or `MissingKey` / `WrongType`.
+    pub fn require_f64(&self, key: &str) -> Result<f64, FormatError> {
+        let v = self.require(key)?;
+        v.as_f64().ok_or_else(|| wrong_type(key, "a number", v))
+    }
+
+    /// `key` as a string, or `MissingKey` / `WrongType`.
+    pub fn require_str(&self, key: &str) -> Result<&str, FormatError> {
+        let v = self.require(key)?;
+        v.as_str().ok_or_else(|| wrong_type(key, "a string", v))
+    }
+
+    /// `key` as an array, or `MissingKey` / `WrongType`.
+    pub fn require_array(&self, key: &str) -> Result<&[MetaValue], FormatError> {
+        let v = self.require(key)?;
+        v.as_array().ok_or_else(|| wrong_type(key, "an array", v))
+    }
+
+    /// `general.architecture` ("llama", "gemma3", ...).
+    pub fn architecture(&self) -> Option<&str> {
+        self.get_str(KEY_ARCHITECTURE)
+    }
+
+    /// The tensor directory, in file order.
+    pub fn tensors(&self) -> &[GgufTensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
+        let &i = self.tensor_index.get(name)?;
+        self.tensors.get(i)
+    }
+
+    /// The tensor called `name`, or [`FormatError::MissingTensor`].
+    pub fn require_tensor(&self, name: &str) -> Result<&GgufTensorInfo, FormatError> {
+        self.tensor(name)
+            .ok_or_else(|| FormatError::MissingTensor(name.to_string()))
+    }
+
+    /// The bytes of tensor `t` (bounds-checked when the file was parsed).
+    /// `t` must come from this file: for a tensor info this file does not
+    /// hold, the result is empty.
+    pub fn tensor_bytes(&self, t: &GgufTensorInfo) -> TensorBytes {
+        let ours = match self.tensor(&t.name) {
+            Some(ours) if ours.offset == t.offset && ours.n_bytes == t.n_bytes => ours,
+            _ => return TensorBytes::empty(),
+        };
+        let range = usize::try_from(ours.offset).ok().and_then(|start| {
+            let len = usize::try_from(ours.n_bytes).ok()?;
+            Some(start..start.checked_add(len)?)
+        });
+        range
+            .and_then(|r| TensorBytes::new(Arc::clone(&self.storage), r))
+            .unwrap_or_else(TensorBytes::empty)
+    }
+
+    /// Size of the file in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.storage.len() as u64
+    }
+
+    /// Absolute offset of the data section (tensor offsets are absolute
+    /// already; this is where the section starts).
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// Alignment of the data section and tensor offsets.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// The bytes of the whole file.
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    /// The file's path, when it was opened from one.
+    pub fn path(&self) -> Option<&Path> {
+        self.storage.path()
+    }
+}
+
+impl fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path())
+            .field("version", &self.version)
+            .field("architecture", &self.architecture())
+            .field("metadata_entries", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .field("alignment", &self.alignment)
+            .field("data_offset", &self.data_offset)
+            .field("file_len", &self.file_len())
+            .finish()
+    }
+}
