@@ -156,3 +156,24 @@ fn greedy_generation_follows_the_reference_where_it_is_clear() {
     }
     assert!(out.tokens.len() == g.generated_ids.len());
 }
+
+#[test]
+fn every_isa_scores_the_real_model_identically() {
+    let Some(path) = real_model() else { return };
+    let mut loaded = spindle_model::load(&path, 2).unwrap();
+    let ids = &reference().ids[..24];
+    let detected = loaded.model.isa();
+    let run = |m: &spindle_model::Model| {
+        let mut kv = m.new_kv_cache(m.default_kv_type(), 64);
+        score(m, &mut kv, ids, 3).unwrap()
+    };
+    let want = run(&loaded.model);
+    for isa in spindle_kernels::simd::available_isas() {
+        loaded.model.set_isa(isa).unwrap();
+        let got = run(&loaded.model);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.logprob.to_bits(), w.logprob.to_bits(), "{isa} vs {detected}: position {i}");
+            assert_eq!(g.top[0].id, w.top[0].id);
+        }
+    }
+}
