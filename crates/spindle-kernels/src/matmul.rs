@@ -5,9 +5,15 @@
 //! into f32 lanes in a fixed order. Float weights (F32/F16/BF16): an f32 dot
 //! with the f32 activations.
 //!
-//! Work is split by weight rows: each thread takes a contiguous range and,
-//! tile by tile, runs every activation row against the tile while it is in
-//! cache, so the weights are read once per call.
+//! One activation row (decode): work is split by weight rows; each thread
+//! takes a contiguous range and, tile by tile, runs the row against the tile.
+//!
+//! Several rows (prefill, batches, verification): the multi-row kernels of
+//! `quant::multi` (and [`float`]) decode each weight block once per chunk of
+//! activation rows and multiply it against register tiles of 4 weight rows x
+//! 2 activation rows. The threads take work items (a chunk of activation rows
+//! x a block of weight-row tiles) from a shared counter; activations are
+//! quantized (and packed) once per call, before the split.
 //!
 //! **Batch invariance**: `out[i, r]` is computed by one thread, by the same
 //! code, reducing in the same order whatever `n`, the other rows of `x`, or the
@@ -15,12 +21,14 @@
 //! results are bit-identical across all of these.
 
 use crate::error::KernelError;
+use crate::quant::multi::{self, ActGroup, PackActsFn, QuantJob, QuantRangeFn, MR};
 use crate::quant::q8_act::{ActFormat, ActRow, QuantizedActs};
 use crate::quant::{block32, checked_bytes, float, q4_0, q4_k, q5_0, q5_k, q6_k, q8_0};
 use crate::simd::{detected_isa, Isa};
 use crate::threadpool::ThreadPool;
 use spindle_formats::GgmlType;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A row-major weight matrix borrowed from model storage: row `r` (output
 /// feature `r`) is bytes `r * row_bytes .. (r + 1) * row_bytes`.
@@ -134,42 +142,109 @@ pub fn matmul_with_isa(
         row_bytes,
         n,
     };
+    let multi_rows = n >= MULTI_ROWS;
     match kernel_for(w.ty, isa)? {
-        Kernel::Float(k) => {
+        Kernel::Float(k, multi) => {
             let out = OutPtr::new(out);
-            run_split(pool, &shape, w.data.len(), &|r0, r1| {
-                float_range(k, w.data, &shape, x, &out, r0, r1)
-            });
-        }
-        Kernel::Quant(format, k) => {
-            ACTS.with(|cell| -> Result<(), KernelError> {
-                // A re-entrant call (not expected) gets its own buffer.
-                let mut fresh;
-                let mut guard = cell.try_borrow_mut();
-                let acts: &mut QuantizedActs = match guard {
-                    Ok(ref mut g) => g,
-                    Err(_) => {
-                        fresh = QuantizedActs::new();
-                        &mut fresh
-                    }
+            if multi_rows {
+                let job = float::FloatJob {
+                    data: w.data,
+                    row_bytes,
+                    rows: w.rows,
+                    cols: w.cols,
+                    x,
+                    out: &out,
                 };
-                acts.quantize_with_isa(isa, format, x, n, w.cols)?;
-                let acts = &*acts;
-                let out = OutPtr::new(out);
+                let act_row_bytes = 4 * w.cols;
+                run_split_multi(
+                    pool,
+                    &shape,
+                    w.data.len(),
+                    act_row_bytes,
+                    &|r0, r1, i0, i1| {
+                        // SAFETY: the ISA was checked available; each call owns
+                        // outputs (i0..i1) x (r0..r1), disjoint between calls
+                        // (distinct work items); shapes were checked above.
+                        unsafe { multi(&job, r0, r1, i0, i1) }
+                    },
+                );
+            } else {
                 run_split(pool, &shape, w.data.len(), &|r0, r1| {
-                    quant_range(k, w.data, &shape, acts, &out, r0, r1)
+                    float_range(k, w.data, &shape, x, &out, r0, r1)
                 });
-                Ok(())
-            })?;
+            }
+        }
+        Kernel::Quant(format, k, multi) => {
+            with_scratch(
+                &ACTS,
+                QuantizedActs::new,
+                |acts| -> Result<(), KernelError> {
+                    acts.quantize_with_isa(isa, format, x, n, w.cols)?;
+                    let acts = &*acts;
+                    let out = OutPtr::new(out);
+                    if !multi_rows {
+                        run_split(pool, &shape, w.data.len(), &|r0, r1| {
+                            quant_range(k, w.data, &shape, acts, &out, r0, r1)
+                        });
+                        return Ok(());
+                    }
+                    with_scratch(&PACKED, Vec::new, |packed| {
+                        if let Some(pack) = multi.pack {
+                            // SAFETY: `pack` is only set for ISAs checked above.
+                            unsafe { pack(acts, packed) };
+                        }
+                        let job = QuantJob {
+                            data: w.data,
+                            row_bytes,
+                            rows: w.rows,
+                            cols: w.cols,
+                            acts,
+                            packed,
+                            out: &out,
+                        };
+                        let act_row_bytes = multi::packed_row_bytes(w.cols);
+                        run_split_multi(
+                            pool,
+                            &shape,
+                            w.data.len(),
+                            act_row_bytes,
+                            &|r0, r1, i0, i1| {
+                                // SAFETY: as for the float kernels; `packed` holds the
+                                // activations packed for this kernel when it needs them.
+                                unsafe { (multi.range)(&job, r0, r1, i0, i1) }
+                            },
+                        );
+                    });
+                    Ok(())
+                },
+            )?;
         }
     }
     Ok(())
 }
 
+/// Runs `f` with this thread's scratch value from `key` (a fresh one, from
+/// `new`, for a re-entrant call, which is not expected).
+fn with_scratch<V: 'static, R>(
+    key: &'static std::thread::LocalKey<RefCell<V>>,
+    new: impl FnOnce() -> V,
+    f: impl FnOnce(&mut V) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => f(&mut v),
+        Err(_) => f(&mut new()),
+    })
+}
+
 thread_local! {
     /// Quantized activations, reused across calls on this thread.
     static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::new());
+    /// The same, packed for the multi-row kernels.
+    static PACKED: RefCell<Vec<ActGroup>> = const { RefCell::new(Vec::new()) };
 }
+
+/// From this many activation rows on, the multi-row kernels run.
+const MULTI_ROWS: usize = 2;
 
 /// Below this many weight bytes times rows of `x`, one thread does the work
 /// (waking the pool would cost more).
@@ -191,43 +266,132 @@ type FloatRowsFn = unsafe fn(&[u8], usize, &[f32], &mut [f32]);
 /// Same with a quantized activation row.
 type QuantRowsFn = unsafe fn(&[u8], usize, ActRow<'_>, &mut [f32]);
 
+/// The multi-row kernel of a quantized type.
 #[derive(Clone, Copy)]
-enum Kernel {
-    Float(FloatRowsFn),
-    Quant(ActFormat, QuantRowsFn),
+struct QuantMulti {
+    /// Packs the activations (AVX2); `None`: the kernel reads them as they
+    /// are (scalar).
+    pack: Option<PackActsFn>,
+    range: QuantRangeFn,
 }
 
-/// The row kernel for a weight type on an ISA. Callers have checked that the
-/// ISA is available, which is what makes calling the returned function sound.
+#[derive(Clone, Copy)]
+enum Kernel {
+    Float(FloatRowsFn, float::FloatRangeFn),
+    Quant(ActFormat, QuantRowsFn, QuantMulti),
+}
+
+/// The scalar multi-row kernel of quantized type `T`.
+fn scalar_multi<T: multi::MultiRow>() -> QuantMulti {
+    QuantMulti {
+        pack: None,
+        range: multi::range_scalar::<T>,
+    }
+}
+
+/// The AVX2 multi-row kernel of quantized type `T`.
+#[cfg(target_arch = "x86_64")]
+fn avx2_multi<T: multi::MultiRow>() -> QuantMulti {
+    QuantMulti {
+        pack: Some(multi::pack_acts::<T>),
+        range: multi::range_avx2::<T>,
+    }
+}
+
+/// The row kernels for a weight type on an ISA. Callers have checked that the
+/// ISA is available, which is what makes calling the returned functions sound.
 fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
+    use float::{Bf16, F16, F32};
+    use q4_0::Q4_0;
+    use q4_k::Q4K;
+    use q5_0::Q5_0;
+    use q5_k::Q5K;
+    use q6_k::Q6K;
+    use q8_0::Q8_0;
     let b32 = ActFormat::Block32;
     match isa {
         Isa::Scalar => Ok(match ty {
-            GgmlType::F32 => Kernel::Float(float::rows_scalar::<float::F32>),
-            GgmlType::F16 => Kernel::Float(float::rows_scalar::<float::F16>),
-            GgmlType::BF16 => Kernel::Float(float::rows_scalar::<float::Bf16>),
-            GgmlType::Q8_0 => Kernel::Quant(b32, block32::rows_scalar::<q8_0::Q8_0>),
-            GgmlType::Q4_0 => Kernel::Quant(b32, block32::rows_scalar::<q4_0::Q4_0>),
-            GgmlType::Q5_0 => Kernel::Quant(b32, block32::rows_scalar::<q5_0::Q5_0>),
-            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::rows_scalar),
-            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::rows_scalar),
-            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::rows_scalar),
+            GgmlType::F32 => Kernel::Float(float::rows_scalar::<F32>, float::range_scalar::<F32>),
+            GgmlType::F16 => Kernel::Float(float::rows_scalar::<F16>, float::range_scalar::<F16>),
+            GgmlType::BF16 => {
+                Kernel::Float(float::rows_scalar::<Bf16>, float::range_scalar::<Bf16>)
+            }
+            GgmlType::Q8_0 => {
+                Kernel::Quant(b32, block32::rows_scalar::<Q8_0>, scalar_multi::<Q8_0>())
+            }
+            GgmlType::Q4_0 => {
+                Kernel::Quant(b32, block32::rows_scalar::<Q4_0>, scalar_multi::<Q4_0>())
+            }
+            GgmlType::Q5_0 => {
+                Kernel::Quant(b32, block32::rows_scalar::<Q5_0>, scalar_multi::<Q5_0>())
+            }
+            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::rows_scalar, scalar_multi::<Q4K>()),
+            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::rows_scalar, scalar_multi::<Q5K>()),
+            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::rows_scalar, scalar_multi::<Q6K>()),
         }),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => Ok(match ty {
-            GgmlType::F32 => Kernel::Float(float::avx2::rows::<float::F32>),
-            GgmlType::F16 => Kernel::Float(float::avx2::rows::<float::F16>),
-            GgmlType::BF16 => Kernel::Float(float::avx2::rows::<float::Bf16>),
-            GgmlType::Q8_0 => Kernel::Quant(b32, block32::avx2::rows::<q8_0::Q8_0>),
-            GgmlType::Q4_0 => Kernel::Quant(b32, block32::avx2::rows::<q4_0::Q4_0>),
-            GgmlType::Q5_0 => Kernel::Quant(b32, block32::avx2::rows::<q5_0::Q5_0>),
-            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::avx2::rows),
-            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::avx2::rows),
-            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::avx2::rows),
+            GgmlType::F32 => Kernel::Float(float::avx2::rows::<F32>, float::avx2::range::<F32>),
+            GgmlType::F16 => Kernel::Float(float::avx2::rows::<F16>, float::avx2::range::<F16>),
+            GgmlType::BF16 => Kernel::Float(float::avx2::rows::<Bf16>, float::avx2::range::<Bf16>),
+            GgmlType::Q8_0 => Kernel::Quant(b32, block32::avx2::rows::<Q8_0>, avx2_multi::<Q8_0>()),
+            GgmlType::Q4_0 => Kernel::Quant(b32, block32::avx2::rows::<Q4_0>, avx2_multi::<Q4_0>()),
+            GgmlType::Q5_0 => Kernel::Quant(b32, block32::avx2::rows::<Q5_0>, avx2_multi::<Q5_0>()),
+            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::avx2::rows, avx2_multi::<Q4K>()),
+            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::avx2::rows, avx2_multi::<Q5K>()),
+            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::avx2::rows, avx2_multi::<Q6K>()),
         }),
         #[allow(unreachable_patterns)]
         _ => Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
     }
+}
+
+/// Runs a multi-row matmul on the pool: `f(r0, r1, i0, i1)` computes weight
+/// rows `r0..r1` x activation rows `i0..i1`. The work is cut into items (a
+/// chunk of activation rows of about L2 size, read as `act_row_bytes` per row,
+/// x a block of whole weight-row tiles), taken in order from a shared counter
+/// so that a thread the OS holds up does not hold up the others. Each output
+/// is still computed by exactly the same operations, whoever takes it. Small
+/// problems run on the caller alone.
+fn run_split_multi(
+    pool: &ThreadPool,
+    shape: &Shape,
+    weight_bytes: usize,
+    act_row_bytes: usize,
+    f: &(dyn Fn(usize, usize, usize, usize) + Sync),
+) {
+    let (rows, n) = (shape.rows, shape.n);
+    let work = weight_bytes.saturating_mul(n);
+    let threads = pool.n_threads();
+    if threads <= 1 || work < SERIAL_WORK {
+        f(0, rows, 0, n);
+        return;
+    }
+    // Blocks of weight-row tiles: about 4 per thread and chunk.
+    let tiles = rows.div_ceil(MR);
+    let block_tiles = tiles.div_ceil(4 * threads).max(1);
+    let blocks = tiles.div_ceil(block_tiles);
+    // Chunks of activation rows; smaller ones when there are too few blocks
+    // to keep every thread busy.
+    let mut chunk = multi::act_chunk_rows(act_row_bytes);
+    if blocks < 2 * threads {
+        let want_chunks = (2 * threads).div_ceil(blocks);
+        chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(multi::NR));
+    }
+    let chunks = n.div_ceil(chunk);
+    let items = chunks * blocks;
+    let next = AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let item = next.fetch_add(1, Ordering::Relaxed);
+        if item >= items {
+            break;
+        }
+        let (c, b) = (item / blocks, item % blocks);
+        let r0 = (b * block_tiles * MR).min(rows);
+        let r1 = ((b + 1) * block_tiles * MR).min(rows);
+        let i0 = c * chunk;
+        f(r0, r1, i0, (i0 + chunk).min(n));
+    });
 }
 
 /// Splits the weight rows into one contiguous range per thread and calls
@@ -322,8 +486,8 @@ fn quant_range(
 }
 
 /// The output buffer shared by the threads of one matmul, each writing only
-/// the elements of its own weight rows.
-struct OutPtr {
+/// the elements it owns.
+pub(crate) struct OutPtr {
     ptr: *mut f32,
     len: usize,
 }
@@ -345,8 +509,19 @@ impl OutPtr {
     /// # Safety
     /// No other live slice from this `OutPtr` may overlap the range.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+    pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
         assert!(start <= self.len && len <= self.len - start);
         std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+    }
+
+    /// `out[i] = v`, checked against the buffer's bounds.
+    ///
+    /// # Safety
+    /// No other thread writes element `i` during the call, and no live slice
+    /// from this `OutPtr` covers it.
+    #[inline]
+    pub(crate) unsafe fn set(&self, i: usize, v: f32) {
+        assert!(i < self.len);
+        *self.ptr.add(i) = v;
     }
 }

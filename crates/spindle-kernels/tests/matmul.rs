@@ -271,3 +271,89 @@ fn size_errors_not_panics() {
     matmul(&view, &x, 2, &mut out, &pool).unwrap();
     assert!(out.iter().all(|&v| v == 0.0));
 }
+
+/// Each row of `x` (n x cols) run alone, on the scalar path with one thread:
+/// the bits every multi-row run must reproduce.
+fn rows_alone(w: &Weights, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<u32> {
+    let mut want = Vec::with_capacity(n * w.rows);
+    for xi in x.chunks_exact(w.cols).take(n) {
+        want.extend(bits(&w.run(Isa::Scalar, xi, 1, pool)));
+    }
+    want
+}
+
+/// The multi-row kernels' tails: every n that leaves a partial register tile
+/// of activation rows, weight-row counts that leave partial tiles of weight
+/// rows, and column counts with a partial group of blocks (half or more).
+/// Each output must be the bits of its (weight row, activation row) alone.
+#[test]
+fn multi_row_tails_bit_identical() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let ns = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 33];
+    let max_n = 33;
+    for ty in GgmlType::ALL {
+        let cols_cases: &[usize] = match ty.block_len() {
+            1 => &[31, 100],
+            // 3 blocks (a group of up to 4), 7 (a masked group), 20 (2 groups
+            // and 4 blocks, as Gemma's 640).
+            32 => &[96, 224, 640],
+            _ => &[256, 768],
+        };
+        for &cols in cols_cases {
+            for rows in [1, 3, 4, 6, 9] {
+                let w = Weights::random(&mut rng, ty, rows, cols);
+                let x = random_acts(&mut rng, max_n, cols);
+                let want = rows_alone(&w, &x, max_n, &pools[0]);
+                for isa in available_isas() {
+                    for pool in &pools {
+                        for &n in &ns {
+                            let got = w.run(isa, &x[..n * cols], n, pool);
+                            assert_same(
+                                &bits(&got),
+                                &want[..n * rows],
+                                format_args!(
+                                    "{ty} {rows}x{cols} n={n}: {isa}, {} threads",
+                                    pool.n_threads()
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Long rows (activation rows in several cache-sized chunks) and enough work
+/// to split between threads (work items of activation-row chunks x blocks of
+/// weight-row tiles, taken in any order), still bit-identical to each row
+/// alone.
+#[test]
+fn multi_row_chunks_and_splits_bit_identical() {
+    let mut rng = StdRng::seed_from_u64(19);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let rows = 37;
+    for ty in GgmlType::ALL {
+        let cols = if ty.block_len() == 1 { 2048 } else { 4096 };
+        let w = Weights::random(&mut rng, ty, rows, cols);
+        let n = 45;
+        let x = random_acts(&mut rng, n, cols);
+        let want = rows_alone(&w, &x, n, &pools[0]);
+        for isa in available_isas() {
+            for pool in &pools {
+                for n in [9, 45] {
+                    let got = w.run(isa, &x[..n * cols], n, pool);
+                    assert_same(
+                        &bits(&got),
+                        &want[..n * rows],
+                        format_args!(
+                            "{ty} {rows}x{cols} n={n}: {isa}, {} threads",
+                            pool.n_threads()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}

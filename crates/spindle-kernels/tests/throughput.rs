@@ -149,3 +149,107 @@ fn kernels_in_cache() {
         bench(&one, ty, rows, cols, n, 0.3);
     }
 }
+
+/// Best seconds per call of an `n`-row matmul (see [`bench`]), without
+/// printing.
+fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_secs: f64) -> f64 {
+    let mut out = vec![0.0f32; n * view.rows];
+    let isa = detected_isa();
+    matmul_with_isa(isa, view, x, n, &mut out, pool).unwrap();
+    let start = Instant::now();
+    let mut iters = 0u32;
+    let mut best = f64::MAX;
+    while iters < 3 || start.elapsed().as_secs_f64() < min_secs {
+        let t = Instant::now();
+        matmul_with_isa(isa, view, x, n, &mut out, pool).unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+        iters += 1;
+    }
+    best
+}
+
+/// Seconds per call of an `n`-row matmul with the weights not in cache, as
+/// in a real forward pass (whose weights far exceed the L3 cache): calls
+/// cycle over copies of the matrix totalling at least 128 MiB (3 rounds);
+/// best call.
+fn time_call_cold(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: usize) -> f64 {
+    let mut rng = StdRng::seed_from_u64(2);
+    let one = random_weights(&mut rng, ty, rows, cols);
+    let copies = (128usize << 20).div_ceil(one.len()).max(2);
+    let all: Vec<u8> = (0..copies).flat_map(|_| one.iter().copied()).collect();
+    let views: Vec<WeightView<'_>> = all
+        .chunks_exact(one.len())
+        .map(|w| WeightView::new(ty, rows, cols, w).unwrap())
+        .collect();
+    let x = random_acts(&mut rng, n, cols);
+    let mut out = vec![0.0f32; n * rows];
+    let isa = detected_isa();
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        for v in &views {
+            let t = Instant::now();
+            matmul_with_isa(isa, v, &x, n, &mut out, pool).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    best
+}
+
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn multi_row_throughput() {
+    // Gemma 3 270M's matrices (rows = output features), n activation rows:
+    // time per call, GMAC/s, and the cost of 16 rows relative to 1 row.
+    let shapes: [(GgmlType, usize, usize, &[usize]); 7] = [
+        (GgmlType::Q5_0, 1024, 640, &[1, 16, 64, 512]),
+        (GgmlType::Q5_0, 2048, 640, &[1, 16, 64, 512]),
+        (GgmlType::Q8_0, 256, 640, &[1, 16, 64, 512]),
+        (GgmlType::Q4_K, 640, 1024, &[1, 16, 64, 512]),
+        (GgmlType::Q4_K, 640, 2048, &[1, 16, 64, 512]),
+        (GgmlType::Q6_K, 640, 2048, &[1, 16, 64, 512]),
+        (GgmlType::Q8_0, 262_144, 640, &[1, 16]),
+    ];
+    let filter = std::env::var("SPINDLE_BENCH_FILTER").unwrap_or_default();
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        for &(ty, rows, cols, ns) in &shapes {
+            let name = format!("{ty} {rows}x{cols}");
+            if !name.contains(filter.as_str()) {
+                continue;
+            }
+            let mut rng = StdRng::seed_from_u64(1);
+            let w = random_weights(&mut rng, ty, rows, cols);
+            let view = WeightView::new(ty, rows, cols, &w).unwrap();
+            let min_secs = if rows > 100_000 { 2.0 } else { 0.4 };
+            let mut t1 = None;
+            for &n in ns {
+                let x = random_acts(&mut rng, n, cols);
+                let best = time_call(&pool, &view, &x, n, min_secs);
+                let gmacs = (rows * cols * n) as f64 / best / 1e9;
+                let ratio = match (n, t1) {
+                    (1, _) => {
+                        t1 = Some(best);
+                        String::new()
+                    }
+                    (16, Some(t)) => format!("  16/1 = {:.2}x", best / t),
+                    _ => String::new(),
+                };
+                println!(
+                    "{threads}t {name:<18} n={n:<4} {us:10.1} us/call {gmacs:7.2} GMAC/s{ratio}",
+                    us = best * 1e6,
+                );
+            }
+            if rows < 100_000 {
+                // As in a forward pass: weights from DRAM.
+                let c1 = time_call_cold(&pool, ty, rows, cols, 1);
+                let c16 = time_call_cold(&pool, ty, rows, cols, 16);
+                println!(
+                    "{threads}t {name:<18} cold: n=1 {:8.1} us, n=16 {:8.1} us  16/1 = {:.2}x",
+                    c1 * 1e6,
+                    c16 * 1e6,
+                    c16 / c1
+                );
+            }
+        }
+    }
+}

@@ -13,6 +13,7 @@
 //! are multiplied as unsigned `u = q + OFFSET` and `OFFSET * sum(a)` is taken
 //! off using the activation block sums, which is the same integer.
 
+use super::multi::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le};
 use crate::simd::tree8;
@@ -30,6 +31,11 @@ pub(crate) trait Block32 {
     /// trick); else the values are `u - OFFSET` with `0 <= u < 32`, and SIMD
     /// code multiplies the unsigned `u` and subtracts `OFFSET * sum(a)`.
     const OFFSET: i32;
+
+    /// Multi-row kernel: `maddubs` steps whose int16 pair sums fit before
+    /// widening (see [`super::multi`]): 8 for 4-bit `u`, 4 for 5-bit, 1 for
+    /// full bytes.
+    const STEPS: usize;
 
     /// The block at `p` as 32 bytes: the signed values when `OFFSET == 0`,
     /// else the unsigned `u = value + OFFSET`.
@@ -69,9 +75,34 @@ pub(crate) fn rows_scalar<B: Block32>(w: &[u8], row_bytes: usize, a: ActRow<'_>,
     }
 }
 
+impl<B: Block32> MultiRow for B {
+    const FOLD: Fold = Fold::Block32;
+    const SIGNED: bool = B::OFFSET == 0;
+    const STEPS: usize = B::STEPS;
+    const OFFSET: i32 = B::OFFSET;
+
+    fn row_bytes(nb: usize) -> usize {
+        nb * B::BYTES
+    }
+
+    fn decode_row(row: &[u8], out: &mut [Decoded]) {
+        for (block, o) in row.chunks_exact(B::BYTES).zip(out) {
+            o.v = B::values(block);
+            o.f0 = f16_le(*arr::<2>(block));
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut super::multi::WGroup) {
+        avx2::pack_group::<B>(row, g, nb, out)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::Block32;
+    use crate::quant::multi::{store_group, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
@@ -92,6 +123,43 @@ pub(crate) mod avx2 {
             // u < 32: pair sums stay below 2 * 31 * 127.
             _mm256_madd_epi16(dot_u8_i8_pairs(B::values_avx2(w), a), _mm256_set1_epi16(1))
         }
+    }
+
+    /// Packs group `g` of the weight row at `row` (blocks `8g..8g + 8`, those
+    /// from `nb` on zero) for the multi-row kernel: the unsigned values (or
+    /// magnitudes and signed values when `OFFSET == 0`) and the scales; in
+    /// the half layout when at most 4 blocks are left.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `row` covers `nb` blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pack_group<B: Block32>(
+        row: *const u8,
+        g: usize,
+        nb: usize,
+        out: &mut WGroup,
+    ) {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (j, vj) in v.iter_mut().enumerate() {
+            let b = 8 * g + j;
+            if b < nb {
+                let p = row.add(b * B::BYTES);
+                *vj = B::values_avx2(p);
+                out.f0[j] = half_to_f32(read_u16(p));
+            } else {
+                out.f0[j] = 0.0;
+            }
+        }
+        // Valid blocks in this group; at most 4 only in a row's last group.
+        let m = nb - 8 * g;
+        if B::OFFSET == 0 {
+            store_group(&v, m, out.s.as_mut_ptr().cast());
+            for vj in &mut v {
+                *vj = _mm256_sign_epi8(*vj, *vj);
+            }
+        }
+        store_group(&v, m, out.u.as_mut_ptr());
     }
 
     /// Block sums of [`block_dot`] minus `OFFSET * sum(a)`: the exact dots of

@@ -7,6 +7,7 @@
 //! both paths agree bit for bit.
 
 use super::arr;
+use crate::matmul::OutPtr;
 use crate::simd::tree32;
 
 /// Scalar reference: F32 bytes to f32 (bit-exact copy).
@@ -122,12 +123,208 @@ pub(crate) fn rows_scalar<E: FloatElem>(w: &[u8], row_bytes: usize, x: &[f32], o
     }
 }
 
+/// A multi-row float matmul: weight rows, `n` activation rows `x` (row-major,
+/// `cols` each) and where results go (`out[i * rows + r]`).
+pub(crate) struct FloatJob<'a> {
+    pub data: &'a [u8],
+    pub row_bytes: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub x: &'a [f32],
+    pub out: &'a OutPtr,
+}
+
+/// Computes outputs of weight rows `r0..r1` against activation rows `i0..i1`.
+pub(crate) type FloatRangeFn = unsafe fn(&FloatJob<'_>, usize, usize, usize, usize);
+
+/// Activation rows per scalar pass over a weight row.
+const SCALAR_ROWS: usize = 4;
+
+/// Scalar multi-row: each weight element is read once per [`SCALAR_ROWS`]
+/// activation rows; per output element, the operations of [`dot_scalar`].
+///
+/// # Safety
+/// The caller owns output elements `(i, r)` for `i` in `i0..i1`, `r` in
+/// `r0..r1`; shapes are consistent.
+pub(crate) unsafe fn range_scalar<E: FloatElem>(
+    job: &FloatJob<'_>,
+    r0: usize,
+    r1: usize,
+    i0: usize,
+    i1: usize,
+) {
+    let cols = job.cols;
+    for r in r0..r1 {
+        let row = &job.data[r * job.row_bytes..(r + 1) * job.row_bytes];
+        let mut i = i0;
+        while i < i1 {
+            let ct = (i1 - i).min(SCALAR_ROWS);
+            let xs = &job.x[i * cols..(i + ct) * cols];
+            let mut lanes = [[0.0f32; 32]; SCALAR_ROWS];
+            for (k, b) in row.chunks_exact(E::BYTES).enumerate() {
+                let wv = E::get(b);
+                for (c, l) in lanes[..ct].iter_mut().enumerate() {
+                    let lane = &mut l[k % 32];
+                    *lane = wv.mul_add(xs[c * cols + k], *lane);
+                }
+            }
+            for (c, l) in lanes[..ct].iter().enumerate() {
+                job.out.set((i + c) * job.rows + r, tree32(l));
+            }
+            i += ct;
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::FloatElem;
+    use super::{FloatElem, FloatJob};
     use crate::simd::avx2::{lanes_ps, load_ps};
     use crate::simd::tree32;
     use std::arch::x86_64::*;
+
+    /// Weight rows per register tile.
+    const MR: usize = 4;
+    /// Activation rows per register tile.
+    const NR: usize = 2;
+
+    /// The `R x C` tile of dots of weight rows `w[r]` with activation rows
+    /// `x[c]` (`n` elements each), lane by lane as [`dot`]: for each of the 4
+    /// lane vectors, the fused multiply-adds of its elements in order, then the
+    /// tail elements and [`tree32`].
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `w[r]` holds `n` elements of `E`, `x[c]`
+    /// `n` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<E: FloatElem, const R: usize, const C: usize>(
+        w: &[*const u8; R],
+        x: &[*const f32; C],
+        n: usize,
+    ) -> [[f32; C]; R] {
+        let full = n / 32 * 32;
+        let mut lanes = [[[0.0f32; 32]; C]; R];
+        for j in 0..4 {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let mut k = 8 * j;
+            while k < full {
+                let mut xv = [_mm256_setzero_ps(); C];
+                for (c, v) in xv.iter_mut().enumerate() {
+                    *v = load_ps(x[c].add(k));
+                }
+                for r in 0..R {
+                    let wv = E::load8_avx2(w[r].add(k * E::BYTES));
+                    for c in 0..C {
+                        acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+                    }
+                }
+                k += 32;
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    lanes[r][c][8 * j..8 * j + 8].copy_from_slice(&lanes_ps(acc[r][c]));
+                }
+            }
+        }
+        let mut out = [[0.0f32; C]; R];
+        for r in 0..R {
+            for c in 0..C {
+                let l = &mut lanes[r][c];
+                for (t, lane) in l[..n - full].iter_mut().enumerate() {
+                    let b = std::slice::from_raw_parts(w[r].add((full + t) * E::BYTES), E::BYTES);
+                    *lane = E::get(b).mul_add(*x[c].add(full + t), *lane);
+                }
+                out[r][c] = tree32(l);
+            }
+        }
+        out
+    }
+
+    /// Runs the `R x C` tile at weight rows `r..r + R`, activation rows
+    /// `i..i + C`, writing the outputs.
+    ///
+    /// # Safety
+    /// As [`tile`]; the caller owns those output elements.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_tile<E: FloatElem, const R: usize, const C: usize>(
+        job: &FloatJob<'_>,
+        r: usize,
+        i: usize,
+    ) {
+        let mut w = [job.data.as_ptr(); R];
+        for (t, p) in w.iter_mut().enumerate() {
+            *p = p.add((r + t) * job.row_bytes);
+        }
+        let mut x = [job.x.as_ptr(); C];
+        for (c, p) in x.iter_mut().enumerate() {
+            *p = p.add((i + c) * job.cols);
+        }
+        let res = tile::<E, R, C>(&w, &x, job.cols);
+        for (t, row) in res.iter().enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                job.out.set((i + c) * job.rows + r + t, v);
+            }
+        }
+    }
+
+    /// AVX2 multi-row: weight rows `r0..r1` x activation rows `i0..i1` in
+    /// register tiles of 4 x 2, activation rows in L2-sized chunks.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; the caller owns output elements `(i, r)`
+    /// for `i` in `i0..i1`, `r` in `r0..r1`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn range<E: FloatElem>(
+        job: &FloatJob<'_>,
+        r0: usize,
+        r1: usize,
+        i0: usize,
+        i1: usize,
+    ) {
+        assert!(
+            job.row_bytes == job.cols * E::BYTES
+                && job.data.len() >= r1 * job.row_bytes
+                && job.x.len() >= i1 * job.cols,
+            "float kernel: inconsistent shapes"
+        );
+        // Activation rows in chunks that stay in L2 while every weight tile
+        // runs against them.
+        let chunk = crate::quant::multi::act_chunk_rows(4 * job.cols);
+        let mut c0 = i0;
+        while c0 < i1 {
+            let c1 = (c0 + chunk).min(i1);
+            let mut t0 = r0;
+            while t0 < r1 {
+                let rt = (r1 - t0).min(MR);
+                let mut i = c0;
+                while i < c1 {
+                    let ct = (c1 - i).min(NR);
+                    if rt == MR && ct == NR {
+                        run_tile::<E, MR, NR>(job, t0, i);
+                    } else if rt == MR {
+                        for c in 0..ct {
+                            run_tile::<E, MR, 1>(job, t0, i + c);
+                        }
+                    } else if ct == NR {
+                        for r in 0..rt {
+                            run_tile::<E, 1, NR>(job, t0 + r, i);
+                        }
+                    } else {
+                        for r in 0..rt {
+                            for c in 0..ct {
+                                run_tile::<E, 1, 1>(job, t0 + r, i + c);
+                            }
+                        }
+                    }
+                    i += ct;
+                }
+                t0 += rt;
+            }
+            c0 = c1;
+        }
+    }
 
     /// AVX2 dot of one row; bit-identical to [`super::dot_scalar`].
     ///

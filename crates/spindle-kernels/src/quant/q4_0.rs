@@ -24,6 +24,7 @@ pub(crate) struct Q4_0;
 
 impl Block32 for Q4_0 {
     const BYTES: usize = BLOCK_BYTES;
+    const STEPS: usize = 8;
     const OFFSET: i32 = 8;
 
     #[inline]

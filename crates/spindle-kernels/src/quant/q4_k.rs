@@ -11,6 +11,7 @@
 //! lane `b % 8`, so a super-block fills the 8 lanes once (see
 //! [`fold_scaled_min`](super::fold_scaled_min)).
 
+use super::multi::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
 
@@ -60,9 +61,55 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
     }
 }
 
+/// Decodes the super-blocks of a Q4_K/Q5_K row into 32-value sub-blocks:
+/// `value(block, j, l)` as in [`k_dot_scalar`], `d * scale` and `dmin * min`.
+pub(crate) fn k_decode_row(
+    row: &[u8],
+    block_bytes: usize,
+    out: &mut [Decoded],
+    value: impl Fn(&[u8], usize, usize) -> u8,
+) {
+    for (block, o) in row.chunks_exact(block_bytes).zip(out.chunks_exact_mut(8)) {
+        let d = f16_le(*arr::<2>(block));
+        let dmin = f16_le(*arr::<2>(&block[2..]));
+        let (sc, mn) = k_scales_mins(arr::<12>(&block[4..]));
+        for (j, o) in o.iter_mut().enumerate() {
+            o.v = std::array::from_fn(|l| value(block, j, l) as i8);
+            o.f0 = d * sc[j] as f32;
+            o.f1 = dmin * mn[j] as f32;
+        }
+    }
+}
+
+/// Marker type for the multi-row kernels.
+pub(crate) struct Q4K;
+
+impl MultiRow for Q4K {
+    const FOLD: Fold = Fold::KMin;
+    const SIGNED: bool = false;
+    // 4-bit values: 8 steps of pair sums stay below 8 * 2 * 15 * 127.
+    const STEPS: usize = 8;
+    const OFFSET: i32 = 0;
+
+    fn row_bytes(nb: usize) -> usize {
+        nb / 8 * BLOCK_BYTES
+    }
+
+    fn decode_row(row: &[u8], out: &mut [Decoded]) {
+        k_decode_row(row, BLOCK_BYTES, out, value);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
+        avx2::pack_group(row.add(g * BLOCK_BYTES), out)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
+    use crate::quant::multi::{store_vertical, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
@@ -117,6 +164,46 @@ pub(crate) mod avx2 {
         let asum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(load_128(bs.cast())));
         let inner = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(isum), _mm256_mul_ps(dm, asum));
         _mm256_fmadd_ps(load_ps(da), inner, acc)
+    }
+
+    /// The scale terms of the Q4_K/Q5_K super-block at `bp` for the multi-row
+    /// kernel: `f0[j] = d * scale[j]`, `f1[j] = dmin * min[j]`, computed as in
+    /// [`fold_super`].
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `bp..bp + 16` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn k_params(bp: *const u8, out: &mut WGroup) {
+        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+            bp.cast::<i32>(),
+        )));
+        let d = _mm256_broadcastss_ps(dd);
+        let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+        let sm = scales_mins(bp);
+        let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+        let mins = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm));
+        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins));
+        _mm256_storeu_ps(out.f0.as_mut_ptr(), ds);
+        _mm256_storeu_ps(out.f1.as_mut_ptr(), dm);
+    }
+
+    /// Packs the super-block at `bp` for the multi-row kernel.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pack_group(bp: *const u8, out: &mut WGroup) {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for c in 0..4 {
+            let q = load_256(bp.add(16 + 32 * c));
+            v[2 * c] = _mm256_and_si256(q, low4);
+            v[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        }
+        store_vertical(&v, out.u.as_mut_ptr());
+        k_params(bp, out);
     }
 
     /// The 8 exact dots of the super-block at `bp`'s sub-blocks (unsigned

@@ -25,6 +25,7 @@ pub(crate) struct Q5_0;
 
 impl Block32 for Q5_0 {
     const BYTES: usize = BLOCK_BYTES;
+    const STEPS: usize = 4;
     const OFFSET: i32 = 16;
 
     #[inline]

@@ -10,6 +10,8 @@
 //! Dot products take `Block32` activations and fold exactly as Q4_K's: sub-block
 //! `j` of super-block `s` into lane `(8s + j) % 8`.
 
+use super::multi::{Decoded, Fold, MultiRow};
+use super::q4_k::k_decode_row;
 use super::q8_act::ActRow;
 use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
 
@@ -61,13 +63,79 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
     }
 }
 
+/// Marker type for the multi-row kernels.
+pub(crate) struct Q5K;
+
+impl MultiRow for Q5K {
+    const FOLD: Fold = Fold::KMin;
+    const SIGNED: bool = false;
+    // 5-bit values: 4 steps of pair sums stay below 4 * 2 * 31 * 127.
+    const STEPS: usize = 4;
+    const OFFSET: i32 = 0;
+
+    fn row_bytes(nb: usize) -> usize {
+        nb / 8 * BLOCK_BYTES
+    }
+
+    fn decode_row(row: &[u8], out: &mut [Decoded]) {
+        k_decode_row(row, BLOCK_BYTES, out, |block, j, l| {
+            value(block, j / 2, l, j % 2 == 1)
+        });
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
+        avx2::pack_group(row.add(g * BLOCK_BYTES), out)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
-    use crate::quant::q4_k::avx2::fold_super;
+    use crate::quant::multi::{store_vertical, WGroup};
+    use crate::quant::q4_k::avx2::{fold_super, k_params};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
+
+    /// The 8 unsigned 5-bit sub-blocks of the super-block at `bp`.
+    ///
+    /// # Safety
+    /// AVX2 available; `bp..bp + BLOCK_BYTES` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(bp: *const u8) -> [__m256i; 8] {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        let two = _mm256_set1_epi8(2);
+        let mut qh = load_256(bp.add(16));
+        let mut v = [_mm256_setzero_si256(); 8];
+        for c in 0..4 {
+            let q = load_256(bp.add(48 + 32 * c));
+            v[2 * c] = _mm256_or_si256(
+                _mm256_and_si256(q, low4),
+                _mm256_slli_epi16(_mm256_and_si256(qh, one), 4),
+            );
+            v[2 * c + 1] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
+                _mm256_slli_epi16(_mm256_and_si256(qh, two), 3),
+            );
+            qh = _mm256_srli_epi16(qh, 2);
+        }
+        v
+    }
+
+    /// Packs the super-block at `bp` for the multi-row kernel.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pack_group(bp: *const u8, out: &mut WGroup) {
+        store_vertical(&values(bp), out.u.as_mut_ptr());
+        k_params(bp, out);
+    }
 
     /// The 8 exact dots of the super-block at `bp`'s sub-blocks (unsigned
     /// 5-bit values, no scales) with the 256 values at `aq`; lane `j`:

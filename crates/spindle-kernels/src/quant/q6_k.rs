@@ -18,6 +18,7 @@
 //! `scale[2t] * dot_lo + scale[2t+1] * dot_hi` folds into lane `b % 8` with
 //! [`fold_scaled`].
 
+use super::multi::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le, fold_scaled};
 use crate::simd::tree8;
@@ -89,9 +90,43 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
     }
 }
 
+/// Marker type for the multi-row kernels.
+pub(crate) struct Q6K;
+
+impl MultiRow for Q6K {
+    const FOLD: Fold = Fold::Q6;
+    // Values `u - 32` in -32..32, dotted with the sign trick: 4 steps of pair
+    // sums stay below 4 * 2 * 32 * 127, and 4 steps are one 16-value scale.
+    const SIGNED: bool = true;
+    const STEPS: usize = 4;
+    const OFFSET: i32 = 0;
+
+    fn row_bytes(nb: usize) -> usize {
+        nb / 8 * BLOCK_BYTES
+    }
+
+    fn decode_row(row: &[u8], out: &mut [Decoded]) {
+        for (block, o) in row.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(8)) {
+            let d = f16_le(*arr::<2>(&block[208..]));
+            for (t, o) in o.iter_mut().enumerate() {
+                o.v = std::array::from_fn(|l| (value(block, t / 4, t % 4, l) as i32 - 32) as i8);
+                o.f0 = d;
+                o.sc = [scale(block, 2 * t), scale(block, 2 * t + 1)];
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
+        avx2::pack_group(row.add(g * BLOCK_BYTES), out)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
+    use crate::quant::multi::{store_vertical, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
@@ -113,6 +148,68 @@ pub(crate) mod avx2 {
         }
         [ctrl(0), ctrl(1), ctrl(2), ctrl(3)]
     };
+
+    /// The unsigned 6-bit values of the 8 blocks of 32 of the super-block at
+    /// `bp` (block `t`: group `t % 4` of half `t / 4`).
+    ///
+    /// # Safety
+    /// AVX2 available; `bp..bp + BLOCK_BYTES` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(bp: *const u8) -> [__m256i; 8] {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let ql0 = load_256(bp.add(64 * h));
+            let ql1 = load_256(bp.add(64 * h + 32));
+            let qh = load_256(bp.add(128 + 32 * h));
+            v[4 * h] = _mm256_or_si256(
+                _mm256_and_si256(ql0, low4),
+                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4),
+            );
+            v[4 * h + 1] = _mm256_or_si256(
+                _mm256_and_si256(ql1, low4),
+                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2),
+            );
+            v[4 * h + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+            );
+            v[4 * h + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0xC0u8 as i8)), 2),
+            );
+        }
+        v
+    }
+
+    /// Packs the super-block at `bp` for the multi-row kernel: signed values
+    /// `u - 32` and their magnitudes, `d`, and the 16-value scales as int16
+    /// multipliers.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pack_group(bp: *const u8, out: &mut WGroup) {
+        let mut v = values(bp);
+        for vt in &mut v {
+            *vt = _mm256_sub_epi8(*vt, _mm256_set1_epi8(32));
+        }
+        store_vertical(&v, out.s.as_mut_ptr().cast());
+        for vt in &mut v {
+            *vt = _mm256_sign_epi8(*vt, *vt);
+        }
+        store_vertical(&v, out.u.as_mut_ptr());
+        out.f0 = [half_to_f32(read_u16(bp.add(208))); 8];
+        for t in 0..8 {
+            for (h, sc) in out.sc.iter_mut().enumerate() {
+                let s = *bp.add(192 + 2 * t + h) as i8 as i16;
+                sc[2 * t] = s;
+                sc[2 * t + 1] = s;
+            }
+        }
+    }
 
     /// The 8 exact integer dots of the super-block at `bp` with the 256 values
     /// at `aq`, lane `t`: `scale[2t] * dot_lo + scale[2t+1] * dot_hi` of values

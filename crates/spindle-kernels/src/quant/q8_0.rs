@@ -23,6 +23,7 @@ pub(crate) struct Q8_0;
 
 impl Block32 for Q8_0 {
     const BYTES: usize = BLOCK_BYTES;
+    const STEPS: usize = 1;
     const OFFSET: i32 = 0;
 
     #[inline]
