@@ -72,21 +72,29 @@ pub struct GroupQuery<'a> {
 /// Largest head size the attention kernel takes (Gemma 2/3 use 256).
 pub const MAX_HEAD_DIM: usize = 512;
 
+/// Widens stored K or V values to f32 (exact for f16 and f32), replacing `dst`.
+pub fn widen<E: KvElem>(src: &[E], dst: &mut Vec<f32>) {
+    dst.clear();
+    dst.resize(src.len(), 0.0);
+    E::load(src, dst);
+}
+
 /// Attends every head of `query` over `committed` rows `ctx_range`, then the
-/// pass rows `tail_rows` (in position order). Each key and value row is
-/// widened to f32 once and used by every head of the group. Writes
+/// pass rows `tail_rows` (in position order). Each key and value row is read
+/// once and used by every head of the group. K/V arrive as f32 (widened once
+/// per pass from the cache's storage type by [`widen`]). Writes
 /// `heads * head_dim` values into `out`; `scratch` is reused between calls.
 ///
 /// Per head, the operations are the same whatever the group size, the ISA or
 /// where the keys come from: scores in key order, a two-pass softmax, values
 /// accumulated in key order with fused multiply-adds.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_group<E: KvElem>(
+pub fn attend_group(
     isa: Isa,
     query: &GroupQuery<'_>,
-    committed: KvRows<'_, E>,
+    committed: KvRows<'_, f32>,
     ctx_range: std::ops::Range<usize>,
-    tail: KvRows<'_, E>,
+    tail: KvRows<'_, f32>,
     tail_rows: &[usize],
     scratch: &mut Vec<f32>,
     out: &mut [f32],
@@ -111,12 +119,9 @@ pub fn attend_group<E: KvElem>(
                     .map(move |&r| head_of(t, r * tail.stride + off, d)),
             )
     };
-    let mut buf = [0.0f32; MAX_HEAD_DIM];
-    let row = &mut buf[..d];
     scratch.clear();
     scratch.resize(heads * nk, 0.0);
-    for (j, k) in rows(false).enumerate() {
-        E::load(k, row);
+    for (j, row) in rows(false).enumerate() {
         for h in 0..heads {
             let mut s = dot(isa, &query.q[h * d..(h + 1) * d], row) * query.scale;
             if let Some(cap) = query.softcap {
@@ -136,12 +141,28 @@ pub fn attend_group<E: KvElem>(
         let inv = 1.0 / sum;
         sc.iter_mut().for_each(|s| *s *= inv);
     }
+    let values: Vec<&[f32]> = rows(true).collect();
+    for h in 0..heads {
+        weighted_sum(
+            isa,
+            &scratch[h * nk..(h + 1) * nk],
+            &values,
+            &mut out[h * d..(h + 1) * d],
+        );
+    }
+}
+
+/// `out[e] = sum_j w[j] * values[j][e]`, accumulated from 0 in key order with
+/// fused multiply-adds (the same per element as repeated [`axpy`]).
+pub fn weighted_sum(isa: Isa, w: &[f32], values: &[&[f32]], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && out.len().is_multiple_of(32) {
+        // SAFETY: the caller chose Avx2 only when the CPU has AVX2 and FMA.
+        return unsafe { avx2::weighted_sum(w, values, out) };
+    }
     out.fill(0.0);
-    for (j, v) in rows(true).enumerate() {
-        E::load(v, row);
-        for h in 0..heads {
-            axpy(isa, scratch[h * nk + j], row, &mut out[h * d..(h + 1) * d]);
-        }
+    for (&wj, v) in w.iter().zip(values) {
+        axpy(isa, wj, v, out);
     }
 }
 
@@ -150,8 +171,9 @@ fn head_of<E>(rows: &[E], at: usize, d: usize) -> &[E] {
     &rows[at..at + d]
 }
 
-/// `sum(q[i] * k[i])`: element `i` into lane `i % 8` with a fused
-/// multiply-add, lanes reduced by a fixed tree. The same on every ISA.
+/// `sum(q[i] * k[i])`: element `i` into lane `i % 32` with a fused
+/// multiply-add, lanes reduced by a fixed tree ([`tree32`]). The same on every
+/// ISA. Four independent 8-lane chains keep both FMA units busy.
 #[inline]
 pub fn dot(isa: Isa, q: &[f32], k: &[f32]) -> f32 {
     debug_assert_eq!(q.len(), k.len());
@@ -161,11 +183,21 @@ pub fn dot(isa: Isa, q: &[f32], k: &[f32]) -> f32 {
         return unsafe { avx2::dot(q, k) };
     }
     let _ = isa;
-    let mut acc = [0.0f32; 8];
+    let mut acc = [0.0f32; 32];
     for (i, (&a, &b)) in q.iter().zip(k).enumerate() {
-        acc[i % 8] = a.mul_add(b, acc[i % 8]);
+        acc[i % 32] = a.mul_add(b, acc[i % 32]);
     }
-    tree8(&acc)
+    tree32(&acc)
+}
+
+/// Lanes `l`, `l+8`, `l+16`, `l+24` pairwise, then [`tree8`].
+#[inline(always)]
+fn tree32(a: &[f32; 32]) -> f32 {
+    let mut v = [0.0f32; 8];
+    for (l, x) in v.iter_mut().enumerate() {
+        *x = (a[l] + a[l + 16]) + (a[l + 8] + a[l + 24]);
+    }
+    tree8(&v)
 }
 
 /// `out[i] = w * v[i] + out[i]`, fused, on every ISA.
@@ -194,27 +226,52 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
         let n = q.len().min(k.len());
-        let full = n / 8 * 8;
-        let mut acc = _mm256_setzero_ps();
+        let full = n / 32 * 32;
+        let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i < full {
-            // SAFETY: i + 8 <= full <= len of both slices.
-            let (a, b) = unsafe {
-                (
-                    _mm256_loadu_ps(q.as_ptr().add(i)),
-                    _mm256_loadu_ps(k.as_ptr().add(i)),
-                )
-            };
-            acc = _mm256_fmadd_ps(a, b, acc);
-            i += 8;
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 32 <= full <= len of both slices.
+                let (x, y) = unsafe {
+                    (
+                        _mm256_loadu_ps(q.as_ptr().add(i + 8 * j)),
+                        _mm256_loadu_ps(k.as_ptr().add(i + 8 * j)),
+                    )
+                };
+                *a = _mm256_fmadd_ps(x, y, *a);
+            }
+            i += 32;
         }
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: lanes holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+        let mut lanes = [0.0f32; 32];
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: lanes holds 32 floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * j), *a) };
+        }
         for j in full..n {
-            lanes[j % 8] = q[j].mul_add(k[j], lanes[j % 8]);
+            lanes[j % 32] = q[j].mul_add(k[j], lanes[j % 32]);
         }
-        super::tree8(&lanes)
+        super::tree32(&lanes)
+    }
+
+    /// Output chunks of 32 stay in registers while every key streams by.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn weighted_sum(w: &[f32], values: &[&[f32]], out: &mut [f32]) {
+        let d = out.len();
+        for c in (0..d).step_by(32) {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (&wj, v) in w.iter().zip(values) {
+                let wv = _mm256_set1_ps(wj);
+                let v = &v[c..c + 32];
+                for (t, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: v holds 32 floats.
+                    *a = _mm256_fmadd_ps(wv, unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * t)) }, *a);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                // SAFETY: c + 32 <= d.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * t), *a) };
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -1,5 +1,6 @@
 //! The decoder: one pass of a `Batch` through every layer, top to bottom.
 
+use half::f16;
 use spindle_kernels::activation::{gated, soft_cap};
 use spindle_kernels::attention::{attend_group, GroupQuery, KvElem, KvRows};
 use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
@@ -7,11 +8,12 @@ use spindle_kernels::rope::RopeTable;
 use spindle_kernels::simd::{detected_isa, Isa};
 use spindle_kernels::ThreadPool;
 
-use crate::batch::Batch;
+use crate::batch::{Batch, SeqId};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{KvBuf, KvCache, KvType};
 use crate::parallel::{for_each_task, DisjointChunks};
+use crate::profile::{OpClock, OpTimes};
 use crate::weights::{Matrix, Weights};
 
 /// A model ready to run: configuration, weights, rope tables, threads.
@@ -22,6 +24,8 @@ pub struct Model {
     ropes: Vec<RopeTable>,
     pool: ThreadPool,
     isa: Isa,
+    profiling: bool,
+    op_times: OpTimes,
 }
 
 /// Logits of the rows of a pass that asked for them.
@@ -79,6 +83,8 @@ impl Model {
             ropes,
             pool: ThreadPool::new(n_threads.max(1)),
             isa: detected_isa(),
+            profiling: std::env::var("SPINDLE_PROFILE").is_ok_and(|v| v == "1"),
+            op_times: OpTimes::default(),
         }
     }
 
@@ -94,6 +100,16 @@ impl Model {
         }
         self.isa = isa;
         Ok(())
+    }
+
+    /// Turns per-op timing on or off (see [`Model::take_op_times`]).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profiling = on;
+    }
+
+    /// Seconds and counts per op since the last call, largest first.
+    pub fn take_op_times(&self) -> Vec<(&'static str, f64, usize)> {
+        self.op_times.take()
     }
 
     pub fn isa(&self) -> Isa {
@@ -174,6 +190,7 @@ impl Model {
     pub fn forward(&self, batch: &Batch, kv: &mut KvCache) -> Result<Logits, ModelError> {
         let cfg = &self.config;
         let plans = self.plan(batch, kv)?;
+        let mut clock = OpClock::new(self.profiling);
         let n = batch.len();
         let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let w = &self.weights;
@@ -195,6 +212,7 @@ impl Model {
         }
 
         kv.scratch.rows = batch.rows.iter().map(|r| (r.seq, r.pos)).collect();
+        clock.mark("embedding");
         let mut xn = vec![0.0f32; n * e];
         let mut q = vec![0.0f32; n * qd];
         let mut k = vec![0.0f32; n * kvd];
@@ -207,9 +225,11 @@ impl Model {
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
             norm_rows(&h, &lw.attn_norm, cfg.rms_eps, &mut xn, e);
+            clock.mark("norms, residual");
             self.matmul(&lw.wq, &xn, n, &mut q)?;
             self.matmul(&lw.wk, &xn, n, &mut k)?;
             self.matmul(&lw.wv, &xn, n, &mut v)?;
+            clock.mark("matmul qkv");
             add_bias(&mut q, lw.bq.as_deref());
             add_bias(&mut k, lw.bk.as_deref());
             add_bias(&mut v, lw.bv.as_deref());
@@ -230,8 +250,11 @@ impl Model {
             scratch.v.resize(n * kvd);
             scratch.k.write(0, &k);
             scratch.v.write(0, &v);
+            clock.mark("qk-norm, rope, kv write");
             self.attention(l, batch, &plans, kv, &q, &mut attn);
+            clock.mark("attention");
             self.matmul(&lw.wo, &attn, n, &mut o)?;
+            clock.mark("matmul o");
             if let Some(pn) = &lw.post_attn_norm {
                 o.chunks_exact_mut(e)
                     .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
@@ -240,10 +263,14 @@ impl Model {
 
             // Feed-forward block.
             norm_rows(&h, &lw.ffn_norm, cfg.rms_eps, &mut xn, e);
+            clock.mark("norms, residual");
             self.matmul(&lw.w_gate, &xn, n, &mut gate)?;
             self.matmul(&lw.w_up, &xn, n, &mut up)?;
-            gated(cfg.spec.activation, &mut gate, &up);
+            clock.mark("matmul gate+up");
+            self.gated_rows(&mut gate, &up, n);
+            clock.mark("activation");
             self.matmul(&lw.w_down, &gate, n, &mut o)?;
+            clock.mark("matmul down");
             if let Some(pn) = &lw.post_ffn_norm {
                 o.chunks_exact_mut(e)
                     .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
@@ -251,6 +278,7 @@ impl Model {
             h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         }
 
+        clock.mark("norms, residual");
         // Output head, only for rows that asked.
         let rows: Vec<usize> = (0..n).filter(|&i| batch.rows[i].logits).collect();
         let mut hn = vec![0.0f32; rows.len() * e];
@@ -269,6 +297,8 @@ impl Model {
         if let Some(cap) = cfg.final_softcap {
             soft_cap(&mut data, cap);
         }
+        clock.mark("output head");
+        self.op_times.add(clock);
         Ok(Logits {
             vocab: cfg.vocab_size,
             rows,
@@ -289,9 +319,12 @@ impl Model {
     }
 
     /// Every row of the pass attends over its window of committed KV and its
-    /// path in the batch. A task is one row's heads that share a KV head (or
-    /// a slice of them, so that decode of one row still uses every thread);
-    /// the split never changes a head's result.
+    /// path in the batch. K/V are widened to f32 once per pass (committed
+    /// windows per sequence, and the pass's own rows as rounded into the
+    /// cache, so a row reads exactly what a later pass would read back).
+    /// A task is one row's heads that share a KV head, or a slice of them so
+    /// that decoding one row still uses every thread; the split never changes
+    /// a head's result.
     fn attention(
         &self,
         layer: usize,
@@ -307,6 +340,27 @@ impl Model {
         } else {
             None
         };
+        let first_visible = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let stride = cfg.kv_dim();
+
+        // The pass's rows, as stored.
+        let scratch = &kv.scratch.layers[layer];
+        let (pass_k, pass_v) = (self.widen(&scratch.k), self.widen(&scratch.v));
+        // Each sequence's committed window, from the earliest position any of its rows sees.
+        let mut committed: Vec<(SeqId, usize, Vec<f32>, Vec<f32>)> = Vec::new();
+        for (row, plan) in batch.rows.iter().zip(plans) {
+            let base = first_visible(row.pos).min(plan.ctx_len);
+            match committed.iter_mut().find(|c| c.0 == row.seq) {
+                Some(c) => c.1 = c.1.min(base),
+                None => committed.push((row.seq, base, Vec::new(), Vec::new())),
+            }
+        }
+        for (seq, base, k, v) in &mut committed {
+            let layer_kv = &kv.seq(*seq).expect("validated in plan").layers[layer];
+            *k = self.widen_rows(&layer_kv.k, *base * stride);
+            *v = self.widen_rows(&layer_kv.v, *base * stride);
+        }
+
         let n_kv = cfg.n_head_kv.max(1);
         let group = cfg.n_head / n_kv;
         let hd = cfg.head_dim;
@@ -315,17 +369,18 @@ impl Model {
         let per_part = group.div_ceil(parts);
         let parts = group.div_ceil(per_part);
         let out_heads = DisjointChunks::new(out, hd);
-        let scratch = &kv.scratch.layers[layer];
         let task = |t: usize| {
             let (g, part) = (t / parts, t % parts);
             let (i, kv_head) = (g / n_kv, g % n_kv);
             let heads = kv_head * group + part * per_part
                 ..kv_head * group + ((part + 1) * per_part).min(group);
-            let row = &batch.rows[i];
-            let plan = &plans[i];
-            // Keys at positions > pos - window are visible.
-            let first = window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
-            let ctx = first.min(plan.ctx_len)..plan.ctx_len;
+            let (row, plan) = (&batch.rows[i], &plans[i]);
+            let first = first_visible(row.pos);
+            let (_, base, ck, cv) = committed
+                .iter()
+                .find(|c| c.0 == row.seq)
+                .expect("collected above");
+            let ctx = first.min(plan.ctx_len) - base..plan.ctx_len - base;
             let tail: Vec<usize> = plan
                 .path
                 .iter()
@@ -340,37 +395,25 @@ impl Model {
                 scale: cfg.attn_scale,
                 softcap: cfg.attn_softcap,
             };
-            let committed = &kv.seq(row.seq).expect("validated in plan").layers[layer];
-            let mut dst = Vec::with_capacity(heads.len() * hd);
-            let mut work = Vec::new();
-            let isa = self.isa;
-            let stride = cfg.kv_dim();
-            dst.resize(heads.len() * hd, 0.0);
-            match (&committed.k, &committed.v, &scratch.k, &scratch.v) {
-                (KvBuf::F32(ck), KvBuf::F32(cv), KvBuf::F32(sk), KvBuf::F32(sv)) => attend(
-                    isa,
-                    &query,
-                    (ck, cv),
-                    ctx,
-                    (sk, sv),
-                    &tail,
+            let mut dst = vec![0.0f32; heads.len() * hd];
+            attend_group(
+                self.isa,
+                &query,
+                KvRows {
+                    k: ck,
+                    v: cv,
                     stride,
-                    &mut work,
-                    &mut dst,
-                ),
-                (KvBuf::F16(ck), KvBuf::F16(cv), KvBuf::F16(sk), KvBuf::F16(sv)) => attend(
-                    isa,
-                    &query,
-                    (ck, cv),
-                    ctx,
-                    (sk, sv),
-                    &tail,
+                },
+                ctx,
+                KvRows {
+                    k: &pass_k,
+                    v: &pass_v,
                     stride,
-                    &mut work,
-                    &mut dst,
-                ),
-                _ => unreachable!("KV buffers of one cache share a type"),
-            }
+                },
+                &tail,
+                &mut Vec::new(),
+                &mut dst,
+            );
             for (h, src) in heads.zip(dst.chunks_exact(hd)) {
                 // SAFETY: head h of row i belongs to this task alone.
                 unsafe { out_heads.chunk_mut(q_row + h) }.copy_from_slice(src);
@@ -378,31 +421,40 @@ impl Model {
         };
         for_each_task(&self.pool, groups * parts, task);
     }
-}
 
-#[allow(clippy::too_many_arguments)]
-fn attend<E: KvElem>(
-    isa: Isa,
-    query: &GroupQuery<'_>,
-    committed: (&[E], &[E]),
-    ctx: std::ops::Range<usize>,
-    scratch: (&[E], &[E]),
-    tail: &[usize],
-    stride: usize,
-    work: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let c = KvRows {
-        k: committed.0,
-        v: committed.1,
-        stride,
-    };
-    let s = KvRows {
-        k: scratch.0,
-        v: scratch.1,
-        stride,
-    };
-    attend_group(isa, query, c, ctx, s, tail, work, out);
+    /// Stored K or V values widened to f32.
+    fn widen(&self, buf: &KvBuf) -> Vec<f32> {
+        self.widen_rows(buf, 0)
+    }
+
+    /// Stored values from element `from` on, widened to f32 in parallel.
+    fn widen_rows(&self, buf: &KvBuf, from: usize) -> Vec<f32> {
+        const CHUNK: usize = 1 << 14;
+        let len = buf.len().saturating_sub(from);
+        let mut out = vec![0.0f32; len];
+        let chunks = DisjointChunks::new(&mut out, CHUNK);
+        for_each_task(&self.pool, len.div_ceil(CHUNK), |c| {
+            // SAFETY: chunk c belongs to this task alone.
+            let dst = unsafe { chunks.chunk_mut(c) };
+            let at = from + c * CHUNK;
+            match buf {
+                KvBuf::F32(src) => dst.copy_from_slice(&src[at..at + dst.len()]),
+                KvBuf::F16(src) => f16::load(&src[at..at + dst.len()], dst),
+            }
+        });
+        out
+    }
+
+    /// `gate = act(gate) * up`, rows split over the pool.
+    fn gated_rows(&self, gate: &mut [f32], up: &[f32], n: usize) {
+        let ff = self.config.n_ff;
+        let act = self.config.spec.activation;
+        let rows = DisjointChunks::new(&mut gate[..n * ff], ff);
+        for_each_task(&self.pool, n, |i| {
+            // SAFETY: row i belongs to this task alone.
+            gated(act, unsafe { rows.chunk_mut(i) }, &up[i * ff..(i + 1) * ff]);
+        });
+    }
 }
 
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], dim: usize) {

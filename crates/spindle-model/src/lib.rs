@@ -10,6 +10,7 @@ pub mod forward;
 pub mod kv_cache;
 pub mod loader;
 mod parallel;
+pub mod profile;
 pub mod tokenizer;
 pub mod weights;
 

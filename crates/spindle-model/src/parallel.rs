@@ -1,18 +1,25 @@
 //! Splitting independent per-row work of a pass across the thread pool.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use spindle_kernels::ThreadPool;
 
 /// Runs `f(task)` for every task in `0..n_tasks`, each task on exactly one
-/// thread, contiguous ranges per thread. The result of a task never depends
-/// on the split.
+/// thread. Threads take the next unclaimed task from a shared counter, so
+/// uneven tasks (causal attention: later rows see more keys) balance out.
+/// The result of a task never depends on which thread ran it.
 pub(crate) fn for_each_task(pool: &ThreadPool, n_tasks: usize, f: impl Fn(usize) + Sync) {
     if n_tasks <= 1 || pool.n_threads() <= 1 {
         (0..n_tasks).for_each(f);
         return;
     }
-    pool.run(&|tid, nt| {
-        let (start, end) = (n_tasks * tid / nt, n_tasks * (tid + 1) / nt);
-        (start..end).for_each(&f);
+    let next = AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let t = next.fetch_add(1, Ordering::Relaxed);
+        if t >= n_tasks {
+            break;
+        }
+        f(t);
     });
 }
 
@@ -38,15 +45,16 @@ impl<'a, T> DisjointChunks<'a, T> {
         }
     }
 
-    /// Chunk `i` of the slice.
+    /// Chunk `i` of the slice (the last one may be shorter).
     ///
     /// # Safety
     /// No other live reference to chunk `i` may exist.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn chunk_mut(&self, i: usize) -> &mut [T] {
         let start = i * self.chunk;
-        assert!(start + self.chunk <= self.len, "chunk {i} out of range");
+        assert!(start < self.len, "chunk {i} out of range");
+        let len = self.chunk.min(self.len - start);
         // SAFETY: in bounds (checked above); exclusive by the caller's promise.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), self.chunk) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 }

@@ -33,6 +33,9 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Also print where the prompt pass's time goes, op by op.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 pub fn cpu_name() -> String {
@@ -55,7 +58,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--rows takes positive row counts, like 1,2,4,8,16");
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let loaded = args.model.load()?;
+    let mut loaded = args.model.load()?;
     let model = &loaded.model;
     let threads = model.n_threads();
     let reps = args.reps.max(1);
@@ -81,6 +84,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect::<Result<_, _>>()?;
         pp = Some(Summary::of(s));
     }
+    let mut ops = Vec::new();
+    if args.profile && args.prompt > 0 {
+        loaded.model.set_profiling(true);
+        let _ = loaded.model.take_op_times();
+        time_prefill(&loaded.model, &mut kv, args.prompt, 99)?;
+        ops = loaded.model.take_op_times();
+        loaded.model.set_profiling(false);
+    }
+    let model = &loaded.model;
     let mut tg = None;
     if args.gen > 0 {
         time_decode(model, &mut kv, args.gen.min(16), 0)?;
@@ -113,6 +125,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "bytes_per_decode_pass": bytes_per_pass,
             "memory_bandwidth_bytes_per_s": bandwidth,
             "bandwidth_fraction": fraction,
+            "prompt_pass_ops_s": ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "rows": curve.iter().map(|(r, s)| json!({
                 "rows": r,
                 "ms": {"mean": s.mean * 1e3, "sd": s.sd * 1e3, "median": s.median * 1e3},
@@ -158,6 +171,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
             f * 100.0,
             bandwidth / bytes_per_pass as f64
         );
+    }
+    if !ops.is_empty() {
+        let total: f64 = ops.iter().map(|o| o.1).sum();
+        println!();
+        println!(
+            "one pp{} pass, op by op ({:.1} ms):",
+            args.prompt,
+            total * 1e3
+        );
+        println!("| op | ms | share |");
+        println!("|---|---|---|");
+        for (op, s, _) in &ops {
+            println!("| {op} | {:.1} | {:.0}% |", s * 1e3, s / total * 100.0);
+        }
     }
     if !curve.is_empty() {
         println!();
