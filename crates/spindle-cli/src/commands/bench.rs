@@ -92,6 +92,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ops = loaded.model.take_op_times();
         loaded.model.set_profiling(false);
     }
+    let mut decode_ops = Vec::new();
+    if args.profile && args.gen > 0 {
+        loaded.model.set_profiling(true);
+        let _ = loaded.model.take_op_times();
+        time_decode(&loaded.model, &mut kv, args.gen, 99)?;
+        // Per pass: the first (context) pass is included, hence gen + 1.
+        decode_ops = loaded.model.take_op_times();
+        decode_ops.iter_mut().for_each(|o| o.1 /= (args.gen + 1) as f64);
+        loaded.model.set_profiling(false);
+    }
     let model = &loaded.model;
     let mut tg = None;
     if args.gen > 0 {
@@ -126,6 +136,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "memory_bandwidth_bytes_per_s": bandwidth,
             "bandwidth_fraction": fraction,
             "prompt_pass_ops_s": ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
+            "decode_pass_ops_s": decode_ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "rows": curve.iter().map(|(r, s)| json!({
                 "rows": r,
                 "ms": {"mean": s.mean * 1e3, "sd": s.sd * 1e3, "median": s.median * 1e3},
@@ -172,19 +183,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bandwidth / bytes_per_pass as f64
         );
     }
-    if !ops.is_empty() {
+    let print_ops = |title: String, ops: &[(&str, f64, usize)]| {
         let total: f64 = ops.iter().map(|o| o.1).sum();
         println!();
-        println!(
-            "one pp{} pass, op by op ({:.1} ms):",
-            args.prompt,
-            total * 1e3
-        );
+        println!("{title}, op by op ({:.2} ms):", total * 1e3);
         println!("| op | ms | share |");
         println!("|---|---|---|");
-        for (op, s, _) in &ops {
-            println!("| {op} | {:.1} | {:.0}% |", s * 1e3, s / total * 100.0);
+        for (op, s, _) in ops {
+            println!("| {op} | {:.2} | {:.0}% |", s * 1e3, s / total * 100.0);
         }
+    };
+    if !ops.is_empty() {
+        print_ops(format!("one pp{} pass", args.prompt), &ops);
+    }
+    if !decode_ops.is_empty() {
+        print_ops(format!("one decode pass (mean of tg{})", args.gen), &decode_ops);
     }
     if !curve.is_empty() {
         println!();
