@@ -1,5 +1,6 @@
 """Prints llama-bench and spindle bench results side by side, with ratios."""
 import json
+import os
 import platform
 import sys
 
@@ -14,7 +15,8 @@ print(f"command: {command}")
 print(f"cpu: {cpu} | threads: {spindle['threads']} | spindle isa: {spindle['isa']} | model: {spindle['model']}")
 print(f"memory read bandwidth: {spindle['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
 for r in llama:
-    print(f"llama.cpp: build {r.get('build_commit', '?')} ({r.get('build_number', '?')}), backend {r.get('backends', r.get('backend', '?'))}, threads {r.get('n_threads')}")
+    version = os.environ.get("LLAMA_VERSION") or f"build {r.get('build_commit', '?')} ({r.get('build_number', '?')})"
+    print(f"llama.cpp: {version}, backend {r.get('backends', r.get('backend', '?'))}, threads {r.get('n_threads')}")
     break
 print()
 print("| test | llama.cpp tok/s | spindle tok/s (median) | spindle / llama.cpp |")
