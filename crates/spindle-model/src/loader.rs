@@ -49,7 +49,10 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
             name,
         });
     }
-    let gguf = GgufFile::open(path)?;
+    let mut gguf = GgufFile::open(path)?;
+    if resident_weights(gguf.file_len()) {
+        gguf.make_resident()?;
+    }
     let config = ModelConfig::from_gguf(&gguf)?;
     let weights = Weights::load(&TensorSource::Gguf(&gguf), &config)?;
     let (tokenizer, tokenizer_error) = if gguf.get("tokenizer.ggml.tokens").is_some() {
@@ -72,6 +75,24 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
         tokenizer_error,
         name,
     })
+}
+
+/// Whether weights are copied into huge-page memory at load (decoding runs
+/// ~20% faster, docs/PERF.md) or read through the file's memory map: the map
+/// when `SPINDLE_MMAP=1`, or when the file is over half the available memory
+/// (the copy and the page cache would compete).
+fn resident_weights(file_len: u64) -> bool {
+    if std::env::var("SPINDLE_MMAP").is_ok_and(|v| v == "1") {
+        return false;
+    }
+    mem_available().is_none_or(|avail| file_len < avail / 2)
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn split<T, E: std::fmt::Display>(r: Result<T, E>) -> (Option<T>, Option<String>) {

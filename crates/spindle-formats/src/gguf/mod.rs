@@ -115,6 +115,14 @@ impl GgufFile {
         GgufFile::from_storage(Arc::new(Storage::from_vec(bytes)))
     }
 
+    /// Moves the file's bytes into a resident, huge-page backed copy (see
+    /// [`Storage::resident_copy`]); tensor ranges stay the same.
+    pub fn make_resident(&mut self) -> Result<(), FormatError> {
+        let copy = Storage::resident_copy(&self.storage, self.storage.path())?;
+        self.storage = Arc::new(copy);
+        Ok(())
+    }
+
     /// Parses the bytes of `storage`.
     pub fn from_storage(storage: Arc<Storage>) -> Result<GgufFile, FormatError> {
         let header = Parser::new(&storage).parse()?;
