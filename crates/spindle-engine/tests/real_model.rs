@@ -172,7 +172,11 @@ fn every_isa_scores_the_real_model_identically() {
         loaded.model.set_isa(isa).unwrap();
         let got = run(&loaded.model);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.logprob.to_bits(), w.logprob.to_bits(), "{isa} vs {detected}: position {i}");
+            assert_eq!(
+                g.logprob.to_bits(),
+                w.logprob.to_bits(),
+                "{isa} vs {detected}: position {i}"
+            );
             assert_eq!(g.top[0].id, w.top[0].id);
         }
     }

@@ -80,7 +80,10 @@ impl Storage {
     /// per token; with 4 KiB file pages that costs a TLB miss every 4 KiB,
     /// with 2 MiB pages almost none (see docs/PERF.md).
     pub fn resident_copy(bytes: &[u8], path: Option<&Path>) -> Result<Storage, FormatError> {
-        let io = |source| FormatError::Io { path: path.map_or_else(PathBuf::new, Path::to_path_buf), source };
+        let io = |source| FormatError::Io {
+            path: path.map_or_else(PathBuf::new, Path::to_path_buf),
+            source,
+        };
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(io)?;
         #[cfg(target_os = "linux")]
         {
@@ -89,7 +92,10 @@ impl Storage {
         }
         map[..bytes.len()].copy_from_slice(bytes);
         let map = map.make_read_only().map_err(io)?;
-        Ok(Storage { inner: Inner::Mmap(map), path: path.map(Path::to_path_buf) })
+        Ok(Storage {
+            inner: Inner::Mmap(map),
+            path: path.map(Path::to_path_buf),
+        })
     }
 
     /// Owned bytes (copied once into an aligned buffer).

@@ -99,7 +99,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         time_decode(&loaded.model, &mut kv, args.gen, 99)?;
         // Per pass: the first (context) pass is included, hence gen + 1.
         decode_ops = loaded.model.take_op_times();
-        decode_ops.iter_mut().for_each(|o| o.1 /= (args.gen + 1) as f64);
+        decode_ops
+            .iter_mut()
+            .for_each(|o| o.1 /= (args.gen + 1) as f64);
         loaded.model.set_profiling(false);
     }
     let model = &loaded.model;
@@ -197,7 +199,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         print_ops(format!("one pp{} pass", args.prompt), &ops);
     }
     if !decode_ops.is_empty() {
-        print_ops(format!("one decode pass (mean of tg{})", args.gen), &decode_ops);
+        print_ops(
+            format!("one decode pass (mean of tg{})", args.gen),
+            &decode_ops,
+        );
     }
     if !curve.is_empty() {
         println!();
