@@ -53,6 +53,19 @@ impl ModelArgs {
     }
 }
 
+impl ModelArgs {
+    /// Only the tokenizer of the model (no weights are read).
+    pub fn load_tokenizer(&self) -> Result<Tokenizer> {
+        let path = self.resolve()?;
+        let (tok, err) = spindle_model::load_tokenizer(&path)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        tok.ok_or_else(|| match err {
+            Some(e) => anyhow!("the model's tokenizer cannot be built: {e}"),
+            None => anyhow!("the model file has no tokenizer"),
+        })
+    }
+}
+
 /// A KV cache for `loaded` of `--ctx` tokens (or the model's context).
 pub fn kv_cache(loaded: &LoadedModel, ctx: Option<usize>) -> KvCache {
     let model = &loaded.model;

@@ -20,4 +20,4 @@ pub use config::ModelConfig;
 pub use error::ModelError;
 pub use forward::{Logits, Model};
 pub use kv_cache::{KvCache, KvType};
-pub use loader::{load, LoadedModel};
+pub use loader::{load, load_tokenizer, LoadedModel};

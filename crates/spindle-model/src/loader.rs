@@ -22,23 +22,9 @@ pub struct LoadedModel {
 
 /// Loads the model at `path` with `n_threads` compute threads.
 pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
-    let name = path.file_name().map_or_else(
-        || path.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
-    if !path.exists() {
-        return Err(ModelError::Open {
-            path: path.display().to_string(),
-            reason: "no such file or directory; give a .gguf file or a model directory with -m, or run `spindle pull`".into(),
-        });
-    }
+    check_exists(path)?;
     if path.is_dir() {
-        if !spindle_formats::is_hf_dir(path) {
-            return Err(ModelError::NotAModel {
-                path: path.display().to_string(),
-            });
-        }
-        let st = SafetensorsModel::open(path)?;
+        let st = open_hf_dir(path)?;
         let config = ModelConfig::from_hf(st.config())?;
         let weights = Weights::load(&TensorSource::Safetensors(&st), &config)?;
         let (tokenizer, tokenizer_error) = split(Tokenizer::from_hf_dir(path));
@@ -46,35 +32,74 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
             model: Model::new(config, weights, n_threads),
             tokenizer,
             tokenizer_error,
-            name,
+            name: file_name(path),
         });
     }
-    let mut gguf = GgufFile::open(path)?;
-    if resident_weights(gguf.file_len()) {
-        gguf.make_resident()?;
-    }
-    let config = ModelConfig::from_gguf(&gguf)?;
-    let weights = Weights::load(&TensorSource::Gguf(&gguf), &config)?;
-    let (tokenizer, tokenizer_error) = if gguf.get("tokenizer.ggml.tokens").is_some() {
-        split(Tokenizer::from_gguf(&gguf))
-    } else {
-        (None, None)
-    };
-    if let Some(name) = gguf.get_str("general.name") {
-        let name = name.to_string();
-        return Ok(LoadedModel {
+    // The tokenizer (a second, header-only view of the file) is built on its
+    // own thread while the weights are copied and checked: the two take
+    // similar time.
+    std::thread::scope(|scope| {
+        let tokenizer = scope.spawn(|| gguf_tokenizer(&GgufFile::open(path)?));
+        let mut gguf = GgufFile::open(path)?;
+        if resident_weights(gguf.file_len()) {
+            gguf.make_resident()?;
+        }
+        let config = ModelConfig::from_gguf(&gguf)?;
+        let weights = Weights::load(&TensorSource::Gguf(&gguf), &config)?;
+        let (tokenizer, tokenizer_error) = tokenizer.join().expect("tokenizer thread panicked")?;
+        Ok(LoadedModel {
             model: Model::new(config, weights, n_threads),
             tokenizer,
             tokenizer_error,
-            name,
+            name: gguf
+                .get_str("general.name")
+                .map_or_else(|| file_name(path), str::to_string),
+        })
+    })
+}
+
+/// Only the tokenizer of the model at `path` (no weights are read).
+pub fn load_tokenizer(path: &Path) -> Result<(Option<Tokenizer>, Option<String>), ModelError> {
+    check_exists(path)?;
+    if path.is_dir() {
+        open_hf_dir(path)?;
+        return Ok(split(Tokenizer::from_hf_dir(path)));
+    }
+    gguf_tokenizer(&GgufFile::open(path)?)
+}
+
+fn gguf_tokenizer(gguf: &GgufFile) -> Result<(Option<Tokenizer>, Option<String>), ModelError> {
+    // A file without a vocabulary (test models) is fine until text is needed.
+    if gguf.get("tokenizer.ggml.tokens").is_none() {
+        return Ok((None, None));
+    }
+    Ok(split(Tokenizer::from_gguf(gguf)))
+}
+
+fn check_exists(path: &Path) -> Result<(), ModelError> {
+    if path.exists() {
+        return Ok(());
+    }
+    Err(ModelError::Open {
+        path: path.display().to_string(),
+        reason: "no such file or directory; give a .gguf file or a model directory with -m, or run `spindle pull`".into(),
+    })
+}
+
+fn open_hf_dir(path: &Path) -> Result<SafetensorsModel, ModelError> {
+    if !spindle_formats::is_hf_dir(path) {
+        return Err(ModelError::NotAModel {
+            path: path.display().to_string(),
         });
     }
-    Ok(LoadedModel {
-        model: Model::new(config, weights, n_threads),
-        tokenizer,
-        tokenizer_error,
-        name,
-    })
+    Ok(SafetensorsModel::open(path)?)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// Whether weights are copied into huge-page memory at load (decoding runs

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Args;
 
-use crate::options::{parse_ids, tokenizer, ModelArgs};
+use crate::options::{parse_ids, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
@@ -27,8 +27,7 @@ pub struct DetokenizeArgs {
 }
 
 pub fn tokenize(args: TokenizeArgs) -> Result<()> {
-    let loaded = args.model.load()?;
-    let tok = tokenizer(&loaded)?;
+    let tok = args.model.load_tokenizer()?;
     let ids = tok.encode(
         &args.text,
         !args.no_bos && tok.bos_id().is_some(),
@@ -40,8 +39,7 @@ pub fn tokenize(args: TokenizeArgs) -> Result<()> {
 
 pub fn detokenize(args: DetokenizeArgs) -> Result<()> {
     let ids = parse_ids(&args.ids)?;
-    let loaded = args.model.load()?;
-    let tok = tokenizer(&loaded)?;
+    let tok = args.model.load_tokenizer()?;
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= tok.vocab_size()) {
         anyhow::bail!(
             "token id {bad} is outside the vocabulary of {}",
