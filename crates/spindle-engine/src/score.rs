@@ -67,7 +67,7 @@ pub fn score_positions(
     mut visit: impl FnMut(usize, &[f64]),
 ) -> Result<usize, EngineError> {
     if tokens.len() < 2 {
-        return Err(EngineError::EmptyPrompt);
+        return Err(EngineError::TooFewToScore(tokens.len()));
     }
     if tokens.len() > kv.max_len() {
         return Err(EngineError::PromptTooLong {
