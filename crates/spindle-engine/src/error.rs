@@ -8,7 +8,9 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error("the prompt is empty: give at least one token")]
     EmptyPrompt,
-    #[error("scoring needs at least two tokens (each is scored given the ones before it); got {0}")]
+    #[error(
+        "scoring needs at least two tokens (each is scored given the ones before it); got {0}"
+    )]
     TooFewToScore(usize),
     #[error(
         "the prompt has {tokens} tokens but the context holds {ctx}: shorten it or raise --ctx"

@@ -310,6 +310,7 @@ pub(crate) mod avx2 {
         );
         let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
         for (r, o) in out.iter_mut().enumerate() {
+            crate::quant::prefetch_row_ahead(w, r, row_bytes);
             // In bounds: checked above.
             *o = dot::<B>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
         }
