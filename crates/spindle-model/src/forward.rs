@@ -26,6 +26,37 @@ pub struct Model {
     isa: Isa,
     profiling: bool,
     op_times: OpTimes,
+    buffers: std::sync::Mutex<PassBuffers>,
+}
+
+/// Buffers reused from pass to pass, so a pass allocates nothing once they
+/// have grown to its size (every one is fully overwritten before it is read).
+#[derive(Default)]
+struct PassBuffers {
+    h: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    hn: Vec<f32>,
+    kv: KvViews,
+}
+
+/// K/V widened to f32 for one layer's attention.
+#[derive(Default)]
+struct KvViews {
+    /// The pass's own rows.
+    pass_k: Vec<f32>,
+    pass_v: Vec<f32>,
+    /// Per sequence in the pass: its id, the first committed position
+    /// widened, and the widened keys and values from there.
+    committed: Vec<(SeqId, usize, Vec<f32>, Vec<f32>)>,
+    /// How many entries of `committed` this pass uses.
+    n_seqs: usize,
 }
 
 /// Logits of the rows of a pass that asked for them.
@@ -85,6 +116,7 @@ impl Model {
             isa: detected_isa(),
             profiling: std::env::var("SPINDLE_PROFILE").is_ok_and(|v| v == "1"),
             op_times: OpTimes::default(),
+            buffers: std::sync::Mutex::new(PassBuffers::default()),
         }
     }
 
@@ -196,7 +228,33 @@ impl Model {
         let w = &self.weights;
 
         // Embeddings.
-        let mut h = vec![0.0f32; n * e];
+        let mut guard = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let PassBuffers {
+            h,
+            xn,
+            q,
+            k,
+            v,
+            attn,
+            o,
+            gate,
+            up,
+            hn,
+            kv: views,
+        } = &mut *guard;
+        for (buf, len) in [
+            (&mut *h, n * e),
+            (&mut *xn, n * e),
+            (&mut *q, n * qd),
+            (&mut *k, n * kvd),
+            (&mut *v, n * kvd),
+            (&mut *attn, n * qd),
+            (&mut *o, n * e),
+            (&mut *gate, n * cfg.n_ff),
+            (&mut *up, n * cfg.n_ff),
+        ] {
+            buf.resize(len, 0.0);
+        }
         let row_bytes = w.embed.data.len() / w.embed.rows;
         for (i, row) in batch.rows.iter().enumerate() {
             let t = row.token as usize;
@@ -213,26 +271,18 @@ impl Model {
 
         kv.scratch.rows = batch.rows.iter().map(|r| (r.seq, r.pos)).collect();
         clock.mark("embedding");
-        let mut xn = vec![0.0f32; n * e];
-        let mut q = vec![0.0f32; n * qd];
-        let mut k = vec![0.0f32; n * kvd];
-        let mut v = vec![0.0f32; n * kvd];
-        let mut attn = vec![0.0f32; n * qd];
-        let mut o = vec![0.0f32; n * e];
-        let mut gate = vec![0.0f32; n * cfg.n_ff];
-        let mut up = vec![0.0f32; n * cfg.n_ff];
 
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
-            norm_rows(&h, &lw.attn_norm, cfg.rms_eps, &mut xn, e);
+            norm_rows(h, &lw.attn_norm, cfg.rms_eps, xn, e);
             clock.mark("norms, residual");
-            self.matmul(&lw.wq, &xn, n, &mut q)?;
-            self.matmul(&lw.wk, &xn, n, &mut k)?;
-            self.matmul(&lw.wv, &xn, n, &mut v)?;
+            self.matmul(&lw.wq, xn, n, q)?;
+            self.matmul(&lw.wk, xn, n, k)?;
+            self.matmul(&lw.wv, xn, n, v)?;
             clock.mark("matmul qkv");
-            add_bias(&mut q, lw.bq.as_deref());
-            add_bias(&mut k, lw.bk.as_deref());
-            add_bias(&mut v, lw.bv.as_deref());
+            add_bias(q, lw.bq.as_deref());
+            add_bias(k, lw.bk.as_deref());
+            add_bias(v, lw.bv.as_deref());
             if let Some(qn) = &lw.q_norm {
                 q.chunks_exact_mut(hd)
                     .for_each(|head| rms_norm_inplace(head, qn, cfg.rms_eps));
@@ -248,40 +298,40 @@ impl Model {
             let scratch = &mut kv.scratch.layers[l];
             scratch.k.resize(n * kvd);
             scratch.v.resize(n * kvd);
-            scratch.k.write(0, &k);
-            scratch.v.write(0, &v);
+            scratch.k.write(0, k);
+            scratch.v.write(0, v);
             clock.mark("qk-norm, rope, kv write");
-            self.attention(l, batch, &plans, kv, &q, &mut attn);
+            self.attention(l, batch, &plans, kv, q, attn, views);
             clock.mark("attention");
-            self.matmul(&lw.wo, &attn, n, &mut o)?;
+            self.matmul(&lw.wo, attn, n, o)?;
             clock.mark("matmul o");
             if let Some(pn) = &lw.post_attn_norm {
                 o.chunks_exact_mut(e)
                     .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
             }
-            h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            h.iter_mut().zip(o.iter()).for_each(|(a, b)| *a += b);
 
             // Feed-forward block.
-            norm_rows(&h, &lw.ffn_norm, cfg.rms_eps, &mut xn, e);
+            norm_rows(h, &lw.ffn_norm, cfg.rms_eps, xn, e);
             clock.mark("norms, residual");
-            self.matmul(&lw.w_gate, &xn, n, &mut gate)?;
-            self.matmul(&lw.w_up, &xn, n, &mut up)?;
+            self.matmul(&lw.w_gate, xn, n, gate)?;
+            self.matmul(&lw.w_up, xn, n, up)?;
             clock.mark("matmul gate+up");
-            self.gated_rows(&mut gate, &up, n);
+            self.gated_rows(gate, up, n);
             clock.mark("activation");
-            self.matmul(&lw.w_down, &gate, n, &mut o)?;
+            self.matmul(&lw.w_down, gate, n, o)?;
             clock.mark("matmul down");
             if let Some(pn) = &lw.post_ffn_norm {
                 o.chunks_exact_mut(e)
                     .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
             }
-            h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            h.iter_mut().zip(o.iter()).for_each(|(a, b)| *a += b);
         }
 
         clock.mark("norms, residual");
         // Output head, only for rows that asked.
         let rows: Vec<usize> = (0..n).filter(|&i| batch.rows[i].logits).collect();
-        let mut hn = vec![0.0f32; rows.len() * e];
+        hn.resize(rows.len() * e, 0.0);
         for (j, &i) in rows.iter().enumerate() {
             rms_norm(
                 &h[i * e..(i + 1) * e],
@@ -292,7 +342,7 @@ impl Model {
         }
         let mut data = vec![0.0f32; rows.len() * cfg.vocab_size];
         if !rows.is_empty() {
-            self.matmul(&w.output, &hn, rows.len(), &mut data)?;
+            self.matmul(&w.output, hn, rows.len(), &mut data)?;
         }
         if let Some(cap) = cfg.final_softcap {
             soft_cap(&mut data, cap);
@@ -325,6 +375,7 @@ impl Model {
     /// A task is one row's heads that share a KV head, or a slice of them so
     /// that decoding one row still uses every thread; the split never changes
     /// a head's result.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         layer: usize,
@@ -333,6 +384,7 @@ impl Model {
         kv: &KvCache,
         q: &[f32],
         out: &mut [f32],
+        views: &mut KvViews,
     ) {
         let cfg = &self.config;
         let window = if cfg.layer_sliding[layer] {
@@ -345,21 +397,34 @@ impl Model {
 
         // The pass's rows, as stored.
         let scratch = &kv.scratch.layers[layer];
-        let (pass_k, pass_v) = (self.widen(&scratch.k), self.widen(&scratch.v));
+        self.widen_into(&scratch.k, 0, &mut views.pass_k);
+        self.widen_into(&scratch.v, 0, &mut views.pass_v);
         // Each sequence's committed window, from the earliest position any of its rows sees.
-        let mut committed: Vec<(SeqId, usize, Vec<f32>, Vec<f32>)> = Vec::new();
+        views.n_seqs = 0;
         for (row, plan) in batch.rows.iter().zip(plans) {
             let base = first_visible(row.pos).min(plan.ctx_len);
-            match committed.iter_mut().find(|c| c.0 == row.seq) {
+            let used = views.n_seqs;
+            match views.committed[..used].iter_mut().find(|c| c.0 == row.seq) {
                 Some(c) => c.1 = c.1.min(base),
-                None => committed.push((row.seq, base, Vec::new(), Vec::new())),
+                None => {
+                    if used == views.committed.len() {
+                        views
+                            .committed
+                            .push((row.seq, base, Vec::new(), Vec::new()));
+                    }
+                    let c = &mut views.committed[used];
+                    (c.0, c.1) = (row.seq, base);
+                    views.n_seqs += 1;
+                }
             }
         }
-        for (seq, base, k, v) in &mut committed {
+        for (seq, base, k, v) in &mut views.committed[..views.n_seqs] {
             let layer_kv = &kv.seq(*seq).expect("validated in plan").layers[layer];
-            *k = self.widen_rows(&layer_kv.k, *base * stride);
-            *v = self.widen_rows(&layer_kv.v, *base * stride);
+            self.widen_into(&layer_kv.k, *base * stride, k);
+            self.widen_into(&layer_kv.v, *base * stride, v);
         }
+        let committed = &views.committed[..views.n_seqs];
+        let (pass_k, pass_v) = (&views.pass_k, &views.pass_v);
 
         let n_kv = cfg.n_head_kv.max(1);
         let group = cfg.n_head / n_kv;
@@ -406,8 +471,8 @@ impl Model {
                 },
                 ctx,
                 KvRows {
-                    k: &pass_k,
-                    v: &pass_v,
+                    k: pass_k,
+                    v: pass_v,
                     stride,
                 },
                 &tail,
@@ -422,17 +487,13 @@ impl Model {
         for_each_task(&self.pool, groups * parts, task);
     }
 
-    /// Stored K or V values widened to f32.
-    fn widen(&self, buf: &KvBuf) -> Vec<f32> {
-        self.widen_rows(buf, 0)
-    }
-
-    /// Stored values from element `from` on, widened to f32 in parallel.
-    fn widen_rows(&self, buf: &KvBuf, from: usize) -> Vec<f32> {
+    /// Stored values from element `from` on, widened to f32 into `out`
+    /// (resized; every element overwritten), in parallel.
+    fn widen_into(&self, buf: &KvBuf, from: usize, out: &mut Vec<f32>) {
         const CHUNK: usize = 1 << 14;
         let len = buf.len().saturating_sub(from);
-        let mut out = vec![0.0f32; len];
-        let chunks = DisjointChunks::new(&mut out, CHUNK);
+        out.resize(len, 0.0);
+        let chunks = DisjointChunks::new(out, CHUNK);
         for_each_task(&self.pool, len.div_ceil(CHUNK), |c| {
             // SAFETY: chunk c belongs to this task alone.
             let dst = unsafe { chunks.chunk_mut(c) };
@@ -442,7 +503,6 @@ impl Model {
                 KvBuf::F16(src) => f16::load(&src[at..at + dst.len()], dst),
             }
         });
-        out
     }
 
     /// `gate = act(gate) * up`, rows split over the pool.
