@@ -44,21 +44,29 @@ impl RopeTable {
 
     /// Rotates every head of `x` (`n_heads * head_dim` values) for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        self.apply_all(&mut [x], head_dim, pos);
+    }
+
+    /// Rotates every head of every slice (a row's queries and keys) for
+    /// position `pos`, computing the angles once.
+    pub fn apply_all(&self, xs: &mut [&mut [f32]], head_dim: usize, pos: usize) {
         let half = self.inv_freq.len();
         let mut cs = [(0.0f32, 0.0f32); 512];
         for (i, c) in cs.iter_mut().take(half).enumerate() {
             let theta = pos as f32 * self.inv_freq[i];
             *c = (theta.cos(), theta.sin());
         }
-        for head in x.chunks_exact_mut(head_dim) {
-            for (i, &(cos, sin)) in cs.iter().take(half).enumerate() {
-                let (a, b) = match self.style {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::Neox => (i, i + half),
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x1 * cos + x0 * sin;
+        for x in xs.iter_mut() {
+            for head in x.chunks_exact_mut(head_dim) {
+                for (i, &(cos, sin)) in cs.iter().take(half).enumerate() {
+                    let (a, b) = match self.style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Neox => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cos - x1 * sin;
+                    head[b] = x1 * cos + x0 * sin;
+                }
             }
         }
     }

@@ -224,7 +224,7 @@ impl Model {
         let plans = self.plan(batch, kv)?;
         let mut clock = OpClock::new(self.profiling);
         let n = batch.len();
-        let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let (e, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
         let w = &self.weights;
 
         // Embeddings.
@@ -274,7 +274,7 @@ impl Model {
 
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
-            norm_rows(h, &lw.attn_norm, cfg.rms_eps, xn, e);
+            self.norm_rows(h, &lw.attn_norm, xn, n);
             clock.mark("norms, residual");
             self.matmul(&lw.wq, xn, n, q)?;
             self.matmul(&lw.wk, xn, n, k)?;
@@ -283,18 +283,7 @@ impl Model {
             add_bias(q, lw.bq.as_deref());
             add_bias(k, lw.bk.as_deref());
             add_bias(v, lw.bv.as_deref());
-            if let Some(qn) = &lw.q_norm {
-                q.chunks_exact_mut(hd)
-                    .for_each(|head| rms_norm_inplace(head, qn, cfg.rms_eps));
-            }
-            if let Some(kn) = &lw.k_norm {
-                k.chunks_exact_mut(hd)
-                    .for_each(|head| rms_norm_inplace(head, kn, cfg.rms_eps));
-            }
-            for (i, row) in batch.rows.iter().enumerate() {
-                self.ropes[l].apply(&mut q[i * qd..(i + 1) * qd], hd, row.pos);
-                self.ropes[l].apply(&mut k[i * kvd..(i + 1) * kvd], hd, row.pos);
-            }
+            self.qk_norm_rope(l, batch, q, k);
             let scratch = &mut kv.scratch.layers[l];
             scratch.k.resize(n * kvd);
             scratch.v.resize(n * kvd);
@@ -305,14 +294,10 @@ impl Model {
             clock.mark("attention");
             self.matmul(&lw.wo, attn, n, o)?;
             clock.mark("matmul o");
-            if let Some(pn) = &lw.post_attn_norm {
-                o.chunks_exact_mut(e)
-                    .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
-            }
-            h.iter_mut().zip(o.iter()).for_each(|(a, b)| *a += b);
+            self.add_residual(h, o, lw.post_attn_norm.as_deref(), n);
 
             // Feed-forward block.
-            norm_rows(h, &lw.ffn_norm, cfg.rms_eps, xn, e);
+            self.norm_rows(h, &lw.ffn_norm, xn, n);
             clock.mark("norms, residual");
             self.matmul(&lw.w_gate, xn, n, gate)?;
             self.matmul(&lw.w_up, xn, n, up)?;
@@ -321,11 +306,7 @@ impl Model {
             clock.mark("activation");
             self.matmul(&lw.w_down, gate, n, o)?;
             clock.mark("matmul down");
-            if let Some(pn) = &lw.post_ffn_norm {
-                o.chunks_exact_mut(e)
-                    .for_each(|r| rms_norm_inplace(r, pn, cfg.rms_eps));
-            }
-            h.iter_mut().zip(o.iter()).for_each(|(a, b)| *a += b);
+            self.add_residual(h, o, lw.post_ffn_norm.as_deref(), n);
         }
 
         clock.mark("norms, residual");
@@ -505,6 +486,67 @@ impl Model {
         });
     }
 
+    /// `out = rms_norm(x) * w`, rows split over the pool.
+    fn norm_rows(&self, x: &[f32], w: &[f32], out: &mut [f32], n: usize) {
+        let dim = w.len();
+        let eps = self.config.rms_eps;
+        let rows = DisjointChunks::new(&mut out[..n * dim], dim);
+        for_each_task(&self.pool, n, |i| {
+            // SAFETY: row i belongs to this task alone.
+            rms_norm(&x[i * dim..(i + 1) * dim], w, eps, unsafe {
+                rows.chunk_mut(i)
+            });
+        });
+    }
+
+    /// `h += norm(o)` (or `h += o` without a post-norm), rows split over the pool.
+    fn add_residual(&self, h: &mut [f32], o: &mut [f32], post_norm: Option<&[f32]>, n: usize) {
+        let dim = self.config.n_embd;
+        let eps = self.config.rms_eps;
+        let (hs, os) = (
+            DisjointChunks::new(&mut h[..n * dim], dim),
+            DisjointChunks::new(&mut o[..n * dim], dim),
+        );
+        for_each_task(&self.pool, n, |i| {
+            // SAFETY: row i of both belongs to this task alone.
+            let (h_row, o_row) = unsafe { (hs.chunk_mut(i), os.chunk_mut(i)) };
+            if let Some(w) = post_norm {
+                rms_norm_inplace(o_row, w, eps);
+            }
+            h_row
+                .iter_mut()
+                .zip(o_row.iter())
+                .for_each(|(a, b)| *a += b);
+        });
+    }
+
+    /// Per-head q/k norms and rope for every row, rows split over the pool.
+    fn qk_norm_rope(&self, layer: usize, batch: &Batch, q: &mut [f32], k: &mut [f32]) {
+        let cfg = &self.config;
+        let (qd, kvd, hd, eps) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.rms_eps);
+        let lw = &self.weights.layers[layer];
+        let n = batch.len();
+        let (qs, ks) = (
+            DisjointChunks::new(&mut q[..n * qd], qd),
+            DisjointChunks::new(&mut k[..n * kvd], kvd),
+        );
+        for_each_task(&self.pool, n, |i| {
+            // SAFETY: row i of both belongs to this task alone.
+            let (q_row, k_row) = unsafe { (qs.chunk_mut(i), ks.chunk_mut(i)) };
+            if let Some(w) = &lw.q_norm {
+                q_row
+                    .chunks_exact_mut(hd)
+                    .for_each(|head| rms_norm_inplace(head, w, eps));
+            }
+            if let Some(w) = &lw.k_norm {
+                k_row
+                    .chunks_exact_mut(hd)
+                    .for_each(|head| rms_norm_inplace(head, w, eps));
+            }
+            self.ropes[layer].apply_all(&mut [q_row, k_row], hd, batch.rows[i].pos);
+        });
+    }
+
     /// `gate = act(gate) * up`, rows split over the pool.
     fn gated_rows(&self, gate: &mut [f32], up: &[f32], n: usize) {
         let ff = self.config.n_ff;
@@ -514,12 +556,6 @@ impl Model {
             // SAFETY: row i belongs to this task alone.
             gated(act, unsafe { rows.chunk_mut(i) }, &up[i * ff..(i + 1) * ff]);
         });
-    }
-}
-
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], dim: usize) {
-    for (src, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        rms_norm(src, w, eps, dst);
     }
 }
 
