@@ -12,7 +12,6 @@ use crate::simd::Isa;
 /// An element type the KV cache can hold.
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
-    fn to_f32(self) -> f32;
     /// Widens a slice to f32 (exact for both types; SIMD where the CPU has it).
     fn load(src: &[Self], dst: &mut [f32]);
 }
@@ -21,10 +20,6 @@ impl KvElem for f32 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
     }
     #[inline(always)]
     fn load(src: &[Self], dst: &mut [f32]) {
@@ -36,10 +31,6 @@ impl KvElem for f16 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
     }
     #[inline(always)]
     fn load(src: &[Self], dst: &mut [f32]) {
@@ -69,20 +60,10 @@ pub struct GroupQuery<'a> {
     pub softcap: Option<f32>,
 }
 
-/// Largest head size the attention kernel takes (Gemma 2/3 use 256).
-pub const MAX_HEAD_DIM: usize = 512;
-
-/// Widens stored K or V values to f32 (exact for f16 and f32), replacing `dst`.
-pub fn widen<E: KvElem>(src: &[E], dst: &mut Vec<f32>) {
-    dst.clear();
-    dst.resize(src.len(), 0.0);
-    E::load(src, dst);
-}
-
 /// Attends every head of `query` over `committed` rows `ctx_range`, then the
 /// pass rows `tail_rows` (in position order). Each key and value row is read
 /// once and used by every head of the group. K/V arrive as f32 (widened once
-/// per pass from the cache's storage type by [`widen`]). Writes
+/// per pass from the cache's storage type with [`KvElem::load`]). Writes
 /// `heads * head_dim` values into `out`; `scratch` is reused between calls.
 ///
 /// Per head, the operations are the same whatever the group size, the ISA or
@@ -100,7 +81,6 @@ pub fn attend_group(
     out: &mut [f32],
 ) {
     let d = query.head_dim;
-    assert!(d <= MAX_HEAD_DIM, "head size {d} > {MAX_HEAD_DIM}");
     let heads = query.q.len() / d;
     let nk = ctx_range.len() + tail_rows.len();
     let off = query.kv_offset;
