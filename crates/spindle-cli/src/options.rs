@@ -70,7 +70,7 @@ impl ModelArgs {
 pub fn kv_cache(loaded: &LoadedModel, ctx: Option<usize>) -> KvCache {
     let model = &loaded.model;
     let ctx = ctx.unwrap_or(model.config.context_length).max(1);
-    model.new_kv_cache(model.default_kv_type(), ctx)
+    model.new_kv_cache(model.default_kv_type(), ctx, 1)
 }
 
 /// The tokenizer, or an error saying why the model has none.

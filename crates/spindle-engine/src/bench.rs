@@ -51,8 +51,8 @@ pub fn bench_tokens(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
         .collect()
 }
 
-fn fresh(kv: &mut KvCache) -> SeqId {
-    kv.add_sequence()
+fn fresh(kv: &mut KvCache) -> Result<SeqId, EngineError> {
+    Ok(kv.add_sequence()?)
 }
 
 /// Seconds to prefill `p` tokens in one pass (logits for the last row only).
@@ -63,7 +63,7 @@ pub fn time_prefill(
     salt: u64,
 ) -> Result<f64, EngineError> {
     let toks = bench_tokens(p, model.config.vocab_size, salt);
-    let seq = fresh(kv);
+    let seq = fresh(kv)?;
     let mut b = Batch::new();
     b.push_chain(seq, 0, &toks, |i| i + 1 == p);
     let t = Instant::now();
@@ -83,7 +83,7 @@ pub fn time_decode(
     salt: u64,
 ) -> Result<f64, EngineError> {
     let toks = bench_tokens(n + 1, model.config.vocab_size, salt);
-    let seq = fresh(kv);
+    let seq = fresh(kv)?;
     let run = |kv: &mut KvCache| -> Result<f64, EngineError> {
         let mut b = Batch::new();
         b.push(Row {
@@ -125,7 +125,7 @@ pub fn time_rows(
     reps: usize,
 ) -> Result<Summary, EngineError> {
     let vocab = model.config.vocab_size;
-    let seq = fresh(kv);
+    let seq = fresh(kv)?;
     let run = |kv: &mut KvCache| -> Result<Summary, EngineError> {
         if context > 0 {
             let ctx = bench_tokens(context, vocab, 7);

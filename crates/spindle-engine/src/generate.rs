@@ -139,7 +139,7 @@ pub fn generate(
     req: &GenerateRequest,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<GenerateOutput, EngineError> {
-    let seq = kv.add_sequence();
+    let seq = kv.add_sequence()?;
     let result = generate_in(model, kv, seq, req, &mut on_token);
     kv.remove_sequence(seq);
     result

@@ -75,7 +75,7 @@ pub fn score_positions(
             ctx: kv.max_len(),
         });
     }
-    let seq = kv.add_sequence();
+    let seq = kv.add_sequence()?;
     let mut passes = 0;
     let result = (|| {
         let last = tokens.len() - 1;

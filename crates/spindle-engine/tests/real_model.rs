@@ -82,7 +82,7 @@ fn score_agrees_with_the_transformers_reference() {
     );
 
     let model = &loaded.model;
-    let mut kv = model.new_kv_cache(model.default_kv_type(), 1024);
+    let mut kv = model.new_kv_cache(model.default_kv_type(), 1024, 1);
     let got = score(model, &mut kv, &r.ids, 1).unwrap();
     assert_eq!(got.len(), r.positions.len());
     let mut agree = 0;
@@ -129,7 +129,7 @@ fn greedy_generation_follows_the_reference_where_it_is_clear() {
     let loaded = spindle_model::load(&path, 2).unwrap();
     let g = reference().greedy_continuation;
     let model = &loaded.model;
-    let mut kv = model.new_kv_cache(model.default_kv_type(), 256);
+    let mut kv = model.new_kv_cache(model.default_kv_type(), 256, 1);
     let req = GenerateRequest {
         prompt: g.prompt_ids.clone(),
         max_tokens: g.generated_ids.len(),
@@ -164,7 +164,7 @@ fn every_isa_scores_the_real_model_identically() {
     let ids = &reference().ids[..24];
     let detected = loaded.model.isa();
     let run = |m: &spindle_model::Model| {
-        let mut kv = m.new_kv_cache(m.default_kv_type(), 64);
+        let mut kv = m.new_kv_cache(m.default_kv_type(), 64, 1);
         score(m, &mut kv, ids, 3).unwrap()
     };
     let want = run(&loaded.model);

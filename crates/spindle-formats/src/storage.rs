@@ -90,7 +90,19 @@ impl Storage {
             // Advice only: without huge pages the copy still works.
             let _ = map.advise(memmap2::Advice::HugePage);
         }
-        map[..bytes.len()].copy_from_slice(bytes);
+        // Read from the file where there is one: copying from the map would
+        // first fault every file page into this process, so its peak
+        // resident memory would count the weights twice (the planner
+        // predicts one copy). The page cache does not count.
+        match path {
+            Some(p) => {
+                use std::io::Read;
+                File::open(p)
+                    .and_then(|mut f| f.read_exact(&mut map[..bytes.len()]))
+                    .map_err(io)?;
+            }
+            None => map[..bytes.len()].copy_from_slice(bytes),
+        }
         let map = map.make_read_only().map_err(io)?;
         Ok(Storage {
             inner: Inner::Mmap(map),

@@ -79,6 +79,17 @@ fn matvec_throughput() {
     }
 }
 
+/// The output head against the few rows of a speculative tree: the cost
+/// curve of verification is mostly this.
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn head_rows_throughput() {
+    let pool = ThreadPool::new(2);
+    for n in [1, 2, 4, 8, 16] {
+        bench(&pool, GgmlType::Q8_0, 262_144, 640, n, 1.0);
+    }
+}
+
 /// GB/s of a plain read of `data` split over the pool's threads: the memory
 /// bandwidth the kernels can hope for on this machine right now.
 fn read_baseline(pool: &ThreadPool, data: &[u8]) -> f64 {

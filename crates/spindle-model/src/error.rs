@@ -27,6 +27,8 @@ pub enum ModelError {
     InvalidBatch(String),
     #[error("sequence {seq} would reach {len} tokens, past the context of {ctx}: shorten the prompt or raise --ctx")]
     ContextFull { seq: usize, len: usize, ctx: usize },
+    #[error("all {max} sequence slots of the KV cache are in use: finish a sequence first, or make the cache with more")]
+    NoFreeSequence { max: usize },
     #[error("'{path}' is neither a GGUF file nor a Hugging Face model directory (config.json + *.safetensors)")]
     NotAModel { path: String },
     #[error("cannot open '{path}': {reason}")]

@@ -1,5 +1,7 @@
 //! The decoder: one pass of a `Batch` through every layer, top to bottom.
 
+use std::ops::Range;
+
 use half::f16;
 use spindle_kernels::activation::{gated, soft_cap};
 use spindle_kernels::attention::{attend_group, GroupQuery, KvElem, KvRows};
@@ -11,7 +13,7 @@ use spindle_kernels::ThreadPool;
 use crate::batch::{Batch, SeqId};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::kv_cache::{KvBuf, KvCache, KvType};
+use crate::kv_cache::{KvBuf, KvCache, KvLayout, KvType};
 use crate::parallel::{for_each_task, DisjointChunks};
 use crate::profile::{OpClock, OpTimes};
 use crate::weights::{Matrix, Weights};
@@ -152,9 +154,25 @@ impl Model {
         self.pool.n_threads()
     }
 
-    /// A KV cache for this model holding sequences of up to `max_len` tokens.
-    pub fn new_kv_cache(&self, ty: KvType, max_len: usize) -> KvCache {
-        KvCache::new(ty, self.config.n_layers, self.config.kv_dim(), max_len)
+    /// The KV layout of this model for `max_seqs` sequences of up to
+    /// `max_len` tokens: sliding-window layers hold only their window.
+    pub fn kv_layout(&self, ty: KvType, max_len: usize, max_seqs: usize) -> KvLayout {
+        let cfg = &self.config;
+        KvLayout {
+            ty,
+            kv_dim: cfg.kv_dim(),
+            windows: (0..cfg.n_layers)
+                .map(|l| cfg.sliding_window.filter(|_| cfg.layer_sliding[l]))
+                .collect(),
+            max_len,
+            max_seqs,
+        }
+    }
+
+    /// A KV cache for this model holding `max_seqs` sequences of up to
+    /// `max_len` tokens, all allocated now.
+    pub fn new_kv_cache(&self, ty: KvType, max_len: usize, max_seqs: usize) -> KvCache {
+        KvCache::new(self.kv_layout(ty, max_len, max_seqs))
     }
 
     /// The KV type that keeps this model's accuracy: f32 for float32 weights
@@ -378,8 +396,9 @@ impl Model {
 
         // The pass's rows, as stored.
         let scratch = &kv.scratch.layers[layer];
-        self.widen_into(&scratch.k, 0, &mut views.pass_k);
-        self.widen_into(&scratch.v, 0, &mut views.pass_v);
+        let all = [0..scratch.k.len(), 0..0];
+        self.widen_into(&scratch.k, &all, &mut views.pass_k);
+        self.widen_into(&scratch.v, &all, &mut views.pass_v);
         // Each sequence's committed window, from the earliest position any of its rows sees.
         views.n_seqs = 0;
         for (row, plan) in batch.rows.iter().zip(plans) {
@@ -400,9 +419,11 @@ impl Model {
             }
         }
         for (seq, base, k, v) in &mut views.committed[..views.n_seqs] {
-            let layer_kv = &kv.seq(*seq).expect("validated in plan").layers[layer];
-            self.widen_into(&layer_kv.k, *base * stride, k);
-            self.widen_into(&layer_kv.v, *base * stride, v);
+            let seq_kv = kv.seq(*seq).expect("validated in plan");
+            let layer_kv = &seq_kv.layers[layer];
+            let ranges = layer_kv.ranges(*base, seq_kv.len, stride);
+            self.widen_into(&layer_kv.k, &ranges, k);
+            self.widen_into(&layer_kv.v, &ranges, v);
         }
         let committed = &views.committed[..views.n_seqs];
         let (pass_k, pass_v) = (&views.pass_k, &views.pass_v);
@@ -468,20 +489,33 @@ impl Model {
         for_each_task(&self.pool, groups * parts, task);
     }
 
-    /// Stored values from element `from` on, widened to f32 into `out`
-    /// (resized; every element overwritten), in parallel.
-    fn widen_into(&self, buf: &KvBuf, from: usize, out: &mut Vec<f32>) {
+    /// The stored values of `ranges`, one after the other, widened to f32
+    /// into `out` (resized; every element overwritten), in parallel.
+    fn widen_into(&self, buf: &KvBuf, ranges: &[Range<usize>; 2], out: &mut Vec<f32>) {
         const CHUNK: usize = 1 << 14;
-        let len = buf.len().saturating_sub(from);
+        let first = ranges[0].len();
+        let len = first + ranges[1].len();
         out.resize(len, 0.0);
         let chunks = DisjointChunks::new(out, CHUNK);
         for_each_task(&self.pool, len.div_ceil(CHUNK), |c| {
             // SAFETY: chunk c belongs to this task alone.
             let dst = unsafe { chunks.chunk_mut(c) };
-            let at = from + c * CHUNK;
-            match buf {
-                KvBuf::F32(src) => dst.copy_from_slice(&src[at..at + dst.len()]),
-                KvBuf::F16(src) => f16::load(&src[at..at + dst.len()], dst),
+            // A chunk may straddle the two ranges.
+            let mut done = 0;
+            while done < dst.len() {
+                let i = c * CHUNK + done;
+                let (r, off) = if i < first {
+                    (&ranges[0], i)
+                } else {
+                    (&ranges[1], i - first)
+                };
+                let n = (dst.len() - done).min(r.len() - off);
+                let (src, d) = (r.start + off..r.start + off + n, &mut dst[done..done + n]);
+                match buf {
+                    KvBuf::F32(s) => d.copy_from_slice(&s[src]),
+                    KvBuf::F16(s) => f16::load(&s[src], d),
+                }
+                done += n;
             }
         });
     }

@@ -1,6 +1,12 @@
 //! Keys and values of committed tokens, per sequence, and the scratch rows of
 //! the last pass. A pass writes only scratch; `commit` moves the rows that are
 //! kept into their sequence, so nothing rejected leaks into a later pass.
+//!
+//! All memory is allocated when the cache is made, from a [`KvLayout`] (the
+//! planner's numbers): a fixed number of sequence slots, each with every
+//! full-attention layer's context and every sliding layer's window.
+
+use std::ops::Range;
 
 use half::f16;
 use spindle_kernels::attention::KvElem;
@@ -39,13 +45,6 @@ impl KvBuf {
         }
     }
 
-    fn truncate(&mut self, n: usize) {
-        match self {
-            KvBuf::F32(v) => v.truncate(n),
-            KvBuf::F16(v) => v.truncate(n),
-        }
-    }
-
     /// Resizes to `n` values, zero-filled.
     pub(crate) fn resize(&mut self, n: usize) {
         match self {
@@ -62,11 +61,13 @@ impl KvBuf {
         }
     }
 
-    /// Appends the values `from[range]` of a buffer of the same type.
-    fn extend_from(&mut self, from: &KvBuf, range: std::ops::Range<usize>) {
+    /// Copies the values `from[range]` of a buffer of the same type to
+    /// element offset `at`.
+    fn copy_from(&mut self, at: usize, from: &KvBuf, range: Range<usize>) {
+        let n = range.len();
         match (self, from) {
-            (KvBuf::F32(a), KvBuf::F32(b)) => a.extend_from_slice(&b[range]),
-            (KvBuf::F16(a), KvBuf::F16(b)) => a.extend_from_slice(&b[range]),
+            (KvBuf::F32(a), KvBuf::F32(b)) => a[at..at + n].copy_from_slice(&b[range]),
+            (KvBuf::F16(a), KvBuf::F16(b)) => a[at..at + n].copy_from_slice(&b[range]),
             _ => unreachable!("KV buffers of one cache share a type"),
         }
     }
@@ -89,19 +90,43 @@ fn store<E: KvElem>(dst: &mut [E], src: &[f32]) {
     }
 }
 
-/// Keys and values of one layer.
+/// Keys and values of one layer of one sequence: a fixed number of token
+/// slots, position `p` in slot `p % slots`. A full-attention layer has a slot
+/// for every position of the context; a sliding-window layer only as many as
+/// its window, reused as the window moves on.
 #[derive(Debug, Clone)]
 pub struct LayerKv {
     pub k: KvBuf,
     pub v: KvBuf,
+    slots: usize,
 }
 
 impl LayerKv {
-    fn new(ty: KvType) -> Self {
-        LayerKv {
-            k: KvBuf::new(ty),
-            v: KvBuf::new(ty),
+    fn new(ty: KvType, slots: usize, kv_dim: usize) -> Self {
+        let mut k = KvBuf::new(ty);
+        let mut v = KvBuf::new(ty);
+        // Zero-filled now, so the memory is resident from the start and the
+        // process never grows later (what the planner predicts).
+        k.resize(slots * kv_dim);
+        v.resize(slots * kv_dim);
+        LayerKv { k, v, slots }
+    }
+
+    /// Token slots of this layer.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The element ranges holding positions `from..to`, in position order
+    /// (two ranges where they wrap around the slots). The positions must be
+    /// among the last `slots` committed.
+    pub fn ranges(&self, from: usize, to: usize, kv_dim: usize) -> [Range<usize>; 2] {
+        if from >= to {
+            return [0..0, 0..0];
         }
+        let (a, n) = (from % self.slots, to - from);
+        let first = n.min(self.slots - a);
+        [a * kv_dim..(a + first) * kv_dim, 0..(n - first) * kv_dim]
     }
 }
 
@@ -120,76 +145,122 @@ pub struct Scratch {
     pub rows: Vec<(SeqId, usize)>,
 }
 
-/// The KV cache of all sequences.
+/// The shape of a KV cache: what each sequence slot holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvLayout {
+    pub ty: KvType,
+    /// Values per token per layer, for keys and again for values.
+    pub kv_dim: usize,
+    /// Per layer: `Some(window)` for a sliding-window layer.
+    pub windows: Vec<Option<usize>>,
+    /// Longest sequence (the context).
+    pub max_len: usize,
+    /// Sequences held at once.
+    pub max_seqs: usize,
+}
+
+impl KvLayout {
+    /// Token slots of layer `l` per sequence.
+    pub fn slots(&self, l: usize) -> usize {
+        match self.windows[l] {
+            Some(w) => w.clamp(1, self.max_len.max(1)),
+            None => self.max_len,
+        }
+    }
+
+    /// Bytes of the whole cache (every sequence slot), allocated up front.
+    pub fn bytes(&self) -> usize {
+        let per_seq: usize = (0..self.windows.len()).map(|l| self.slots(l)).sum();
+        2 * per_seq * self.kv_dim * self.ty.bytes() * self.max_seqs
+    }
+}
+
+/// The KV cache of all sequences: `max_seqs` sequence slots of fixed size,
+/// allocated when the cache is made and reused as sequences come and go.
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    ty: KvType,
-    n_layers: usize,
-    kv_dim: usize,
-    max_len: usize,
-    seqs: Vec<Option<SeqKv>>,
+    layout: KvLayout,
+    seqs: Vec<SeqKv>,
+    in_use: Vec<bool>,
     pub(crate) scratch: Scratch,
 }
 
 impl KvCache {
-    /// A cache for sequences of at most `max_len` tokens.
-    pub fn new(ty: KvType, n_layers: usize, kv_dim: usize, max_len: usize) -> Self {
+    /// A cache of `layout.max_seqs` sequences of at most `layout.max_len`
+    /// tokens; all of its memory is allocated (and touched) here.
+    pub fn new(layout: KvLayout) -> Self {
+        let (ty, kv_dim) = (layout.ty, layout.kv_dim);
+        let seqs = (0..layout.max_seqs)
+            .map(|_| SeqKv {
+                len: 0,
+                layers: (0..layout.windows.len())
+                    .map(|l| LayerKv::new(ty, layout.slots(l), kv_dim))
+                    .collect(),
+            })
+            .collect();
         KvCache {
-            ty,
-            n_layers,
-            kv_dim,
-            max_len,
-            seqs: Vec::new(),
+            in_use: vec![false; layout.max_seqs],
+            seqs,
             scratch: Scratch {
-                layers: (0..n_layers).map(|_| LayerKv::new(ty)).collect(),
+                layers: (0..layout.windows.len())
+                    .map(|_| LayerKv::new(ty, 0, kv_dim))
+                    .collect(),
                 rows: Vec::new(),
             },
+            layout,
         }
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
     }
 
     pub fn kv_type(&self) -> KvType {
-        self.ty
+        self.layout.ty
     }
 
     pub fn kv_dim(&self) -> usize {
-        self.kv_dim
+        self.layout.kv_dim
     }
 
     pub fn max_len(&self) -> usize {
-        self.max_len
+        self.layout.max_len
     }
 
-    /// Opens an empty sequence.
-    pub fn add_sequence(&mut self) -> SeqId {
-        let seq = SeqKv {
-            len: 0,
-            layers: (0..self.n_layers).map(|_| LayerKv::new(self.ty)).collect(),
+    /// Opens an empty sequence in a free slot.
+    pub fn add_sequence(&mut self) -> Result<SeqId, ModelError> {
+        let Some(i) = self.in_use.iter().position(|u| !u) else {
+            return Err(ModelError::NoFreeSequence {
+                max: self.layout.max_seqs,
+            });
         };
-        if let Some(i) = self.seqs.iter().position(Option::is_none) {
-            self.seqs[i] = Some(seq);
-            i
-        } else {
-            self.seqs.push(Some(seq));
-            self.seqs.len() - 1
-        }
+        self.in_use[i] = true;
+        self.seqs[i].len = 0;
+        Ok(i)
     }
 
-    /// Frees a sequence and everything it held.
+    /// Ends a sequence; its slot is free for the next one.
     pub fn remove_sequence(&mut self, seq: SeqId) {
-        if let Some(s) = self.seqs.get_mut(seq) {
-            *s = None;
+        if let Some(u) = self.in_use.get_mut(seq) {
+            *u = false;
         }
     }
 
     pub fn seq(&self, seq: SeqId) -> Option<&SeqKv> {
-        self.seqs.get(seq).and_then(Option::as_ref)
+        self.in_use
+            .get(seq)
+            .copied()
+            .unwrap_or(false)
+            .then(|| &self.seqs[seq])
     }
 
     fn seq_mut(&mut self, seq: SeqId) -> Result<&mut SeqKv, ModelError> {
-        self.seqs
-            .get_mut(seq)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| ModelError::InvalidBatch(format!("sequence {seq} does not exist")))
+        if !self.in_use.get(seq).copied().unwrap_or(false) {
+            return Err(ModelError::InvalidBatch(format!(
+                "sequence {seq} does not exist"
+            )));
+        }
+        Ok(&mut self.seqs[seq])
     }
 
     /// Committed length of a sequence (0 for an unknown one).
@@ -200,16 +271,15 @@ impl KvCache {
     /// Appends rows of the last pass to their sequence, in order. Each row
     /// must be at the sequence's next position.
     pub fn commit(&mut self, seq: SeqId, rows: &[usize]) -> Result<(), ModelError> {
-        let kv_dim = self.kv_dim;
-        let max_len = self.max_len;
+        let kv_dim = self.layout.kv_dim;
+        let max_len = self.layout.max_len;
         for &r in rows {
             let Some(&(rseq, pos)) = self.scratch.rows.get(r) else {
                 return Err(ModelError::InvalidBatch(format!(
                     "row {r} is not in the last pass"
                 )));
             };
-            let s = self.seqs.get(seq).and_then(Option::as_ref);
-            let len = s.map_or(0, |s| s.len);
+            let len = self.seq(seq).map_or(0, |s| s.len);
             if rseq != seq || pos != len {
                 return Err(ModelError::InvalidBatch(format!(
                     "row {r} (sequence {rseq}, position {pos}) cannot follow sequence {seq} at length {len}"
@@ -225,8 +295,9 @@ impl KvCache {
             let scratch = std::mem::take(&mut self.scratch.layers);
             let s = self.seq_mut(seq)?;
             for (dst, src) in s.layers.iter_mut().zip(&scratch) {
-                dst.k.extend_from(&src.k, r * kv_dim..(r + 1) * kv_dim);
-                dst.v.extend_from(&src.v, r * kv_dim..(r + 1) * kv_dim);
+                let at = (len % dst.slots) * kv_dim;
+                dst.k.copy_from(at, &src.k, r * kv_dim..(r + 1) * kv_dim);
+                dst.v.copy_from(at, &src.v, r * kv_dim..(r + 1) * kv_dim);
             }
             s.len += 1;
             self.scratch.layers = scratch;
@@ -234,29 +305,43 @@ impl KvCache {
         Ok(())
     }
 
-    /// Rolls a sequence back to `len` tokens.
+    /// Rolls a sequence back to `len` tokens. A sliding-window layer keeps
+    /// only its window, so a sequence can roll back only as far as its
+    /// windows still hold what the following positions see.
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), ModelError> {
-        let kv_dim = self.kv_dim;
+        let windows = self.layout.windows.clone();
         let s = self.seq_mut(seq)?;
-        if len < s.len {
-            for l in &mut s.layers {
-                l.k.truncate(len * kv_dim);
-                l.v.truncate(len * kv_dim);
-            }
-            s.len = len;
+        if len >= s.len {
+            return Ok(());
         }
+        for (l, w) in windows.iter().enumerate() {
+            if let Some(w) = w {
+                // Position `len` sees back to `len + 1 - w`, which must not
+                // have been overwritten by positions up to `s.len - 1`.
+                let slots = s.layers[l].slots;
+                if (len + 1).saturating_sub(*w) + slots < s.len {
+                    return Err(ModelError::InvalidBatch(format!(
+                        "cannot roll sequence {seq} back from {} to {len} tokens: layer {l} keeps only its window of {w}",
+                        s.len
+                    )));
+                }
+            }
+        }
+        s.len = len;
         Ok(())
     }
 
-    /// Bytes held by committed KV of all sequences.
+    /// Bytes of committed KV in use by all sequences.
     pub fn bytes_used(&self) -> usize {
+        let per_token = 2 * self.layout.kv_dim * self.layout.ty.bytes();
         self.seqs
             .iter()
-            .flatten()
-            .map(|s| {
+            .zip(&self.in_use)
+            .filter(|(_, u)| **u)
+            .map(|(s, _)| {
                 s.layers
                     .iter()
-                    .map(|l| (l.k.len() + l.v.len()) * self.ty.bytes())
+                    .map(|l| s.len.min(l.slots) * per_token)
                     .sum::<usize>()
             })
             .sum()

@@ -49,13 +49,13 @@ pub fn load(path: &Path, threads: usize) -> LoadedModel {
 }
 
 pub fn kv(m: &LoadedModel, max_len: usize) -> KvCache {
-    m.model.new_kv_cache(m.model.default_kv_type(), max_len)
+    m.model.new_kv_cache(m.model.default_kv_type(), max_len, 4)
 }
 
 /// Logits of every position of `ids` from one prefill pass on a fresh sequence.
 pub fn prefill_logits(m: &LoadedModel, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut cache = kv(m, 256);
-    let seq = cache.add_sequence();
+    let seq = cache.add_sequence().unwrap();
     let mut batch = Batch::new();
     batch.push_chain(seq, 0, ids, |_| true);
     let logits = m.model.forward(&batch, &mut cache).expect("forward");

@@ -36,7 +36,7 @@ fn greedy_decoding_matches_transformers() {
             let m = load(&path, 2);
             for (pi, p) in r.prompts.iter().enumerate() {
                 let mut cache = kv(&m, 256);
-                let seq = cache.add_sequence();
+                let seq = cache.add_sequence().unwrap();
                 let mut batch = Batch::new();
                 let rows = batch.push_chain(seq, 0, &p.ids, |i| i + 1 == p.ids.len());
                 let mut logits = m

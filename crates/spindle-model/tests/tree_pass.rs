@@ -9,7 +9,7 @@ use spindle_model::{Batch, KvCache, LoadedModel, Row, SeqId};
 
 /// Commits `prompt` to a new sequence.
 fn committed(m: &LoadedModel, cache: &mut KvCache, prompt: &[u32]) -> SeqId {
-    let seq = cache.add_sequence();
+    let seq = cache.add_sequence().unwrap();
     let mut b = Batch::new();
     let rows = b.push_chain(seq, 0, prompt, |_| false);
     m.model.forward(&b, cache).unwrap();
@@ -176,7 +176,7 @@ fn invalid_batches_are_errors() {
     let (_, path) = sources("llama")[1].clone();
     let m = load(&path, 1);
     let mut cache = kv(&m, 8);
-    let seq = cache.add_sequence();
+    let seq = cache.add_sequence().unwrap();
     let bad = |rows: Vec<Row>, cache: &mut KvCache| {
         let b = Batch { rows };
         m.model.forward(&b, cache).is_err()
@@ -234,4 +234,65 @@ fn every_isa_gives_the_same_logits_bit_for_bit() {
             );
         }
     }
+}
+
+/// Sliding-window layers keep only their window (8 tokens in the gemma3
+/// fixture) in slots reused as the sequence grows: decoding 40 tokens one by
+/// one (the window wraps around five times) gives every position the bits of
+/// one prefill pass over the whole chain, where nothing wraps.
+#[test]
+fn sliding_window_slots_wrap_without_changing_logits() {
+    for (kind, path) in sources("gemma3") {
+        let m = load(&path, 2);
+        let ids: Vec<u32> = (0..40).map(|i| (i * 29 + 3) % 250).collect();
+        let want = prefill_logits(&m, &ids);
+        let mut cache = kv(&m, 64);
+        let window = m
+            .model
+            .config
+            .sliding_window
+            .expect("gemma3 fixture slides");
+        let layout = cache.layout().clone();
+        assert!(
+            (0..layout.windows.len()).any(|l| layout.slots(l) == window),
+            "sliding layers hold only their window"
+        );
+        let seq = cache.add_sequence().unwrap();
+        for (i, &t) in ids.iter().enumerate() {
+            let mut b = Batch::new();
+            b.push_chain(seq, i, &[t], |_| true);
+            let got = m.model.forward(&b, &mut cache).unwrap();
+            assert!(
+                got.row(0).unwrap() == want[i].as_slice(),
+                "{kind}: position {i} differs from the prefill"
+            );
+            cache.commit(seq, &[0]).unwrap();
+        }
+        // Rolling back by one token is possible; past what the window still
+        // holds is an error, not a wrong answer.
+        cache.truncate(seq, 39).unwrap();
+        assert!(cache.truncate(seq, 20).is_err());
+    }
+}
+
+/// The cache's sequence slots are fixed: one more than it was made for is an
+/// error, and a removed sequence frees its slot.
+#[test]
+fn sequence_slots_are_fixed_and_reused() {
+    let (_, path) = sources("llama")[1].clone();
+    let m = load(&path, 1);
+    let mut cache = m.model.new_kv_cache(m.model.default_kv_type(), 16, 2);
+    let a = cache.add_sequence().unwrap();
+    let _b = cache.add_sequence().unwrap();
+    assert!(matches!(
+        cache.add_sequence(),
+        Err(spindle_model::ModelError::NoFreeSequence { max: 2 })
+    ));
+    cache.remove_sequence(a);
+    let c = cache.add_sequence().unwrap();
+    assert_eq!(cache.seq_len(c), 0);
+    // Keys and values, 16 tokens, every layer, 2 sequences.
+    let elem = cache.kv_type().bytes();
+    let want = 2 * 16 * m.model.config.n_layers * cache.kv_dim() * elem * 2;
+    assert_eq!(cache.layout().bytes(), want);
 }

@@ -67,7 +67,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .max(args.gen + 1)
         .max(args.rows_context + rows.iter().copied().max().unwrap_or(0))
         + 1;
-    let mut kv = model.new_kv_cache(model.default_kv_type(), max_len);
+    let mut kv = model.new_kv_cache(model.default_kv_type(), max_len, 1);
 
     let bandwidth = read_bandwidth(&ThreadPool::new(threads), 1 << 30, 3);
     let w = &model.weights;
