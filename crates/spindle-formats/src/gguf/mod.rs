@@ -110,6 +110,17 @@ impl GgufFile {
         GgufFile::open(path)
     }
 
+    /// Parses the header of `path` without requiring the data section: for
+    /// header-only copies (a file cut after the tensor infos), so a model can
+    /// be planned without its weights. Tensor sizes and offsets are checked
+    /// as in [`GgufFile::open`], but not that their bytes are in the file;
+    /// [`GgufFile::tensor_bytes`] is empty for a tensor whose bytes are not.
+    pub fn open_header_only(path: &Path) -> Result<GgufFile, FormatError> {
+        let storage = Arc::new(Storage::map(path)?);
+        let header = Parser::header_only(&storage).parse()?;
+        Ok(GgufFile::from_header(storage, header))
+    }
+
     /// Parses a file held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, FormatError> {
         GgufFile::from_storage(Arc::new(Storage::from_vec(bytes)))
@@ -126,7 +137,11 @@ impl GgufFile {
     /// Parses the bytes of `storage`.
     pub fn from_storage(storage: Arc<Storage>) -> Result<GgufFile, FormatError> {
         let header = Parser::new(&storage).parse()?;
-        Ok(GgufFile {
+        Ok(GgufFile::from_header(storage, header))
+    }
+
+    fn from_header(storage: Arc<Storage>, header: parser::Header) -> GgufFile {
+        GgufFile {
             storage,
             version: header.version,
             metadata: header.metadata,
@@ -135,7 +150,7 @@ impl GgufFile {
             tensor_index: header.tensor_index,
             alignment: header.alignment,
             data_offset: header.data_offset,
-        })
+        }
     }
 
     /// The GGUF version (2 or 3).
@@ -293,5 +308,84 @@ impl fmt::Debug for GgufFile {
             .field("data_offset", &self.data_offset)
             .field("file_len", &self.file_len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod header_only_tests {
+    use super::*;
+
+    /// A GGUF file with one metadata entry and one Q8_0 tensor of 2 rows of
+    /// 32 values (68 bytes), and the length of its header with padding.
+    fn file() -> (Vec<u8>, usize) {
+        let mut b = Vec::new();
+        let s = |b: &mut Vec<u8>, x: &str| {
+            b.extend_from_slice(&(x.len() as u64).to_le_bytes());
+            b.extend_from_slice(x.as_bytes());
+        };
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes()); // tensors
+        b.extend_from_slice(&1u64.to_le_bytes()); // metadata entries
+        s(&mut b, KEY_ARCHITECTURE);
+        b.extend_from_slice(&8u32.to_le_bytes()); // string
+        s(&mut b, "llama");
+        s(&mut b, "t");
+        b.extend_from_slice(&2u32.to_le_bytes());
+        b.extend_from_slice(&32u64.to_le_bytes());
+        b.extend_from_slice(&2u64.to_le_bytes());
+        b.extend_from_slice(&GgmlType::Q8_0.id().to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.resize(b.len().next_multiple_of(DEFAULT_ALIGNMENT as usize), 0);
+        let header_len = b.len();
+        b.resize(header_len + 68, 7);
+        (b, header_len)
+    }
+
+    fn write(bytes: &[u8]) -> tempfile::NamedTempFile {
+        use std::io::Write;
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(bytes).expect("write");
+        f
+    }
+
+    #[test]
+    fn header_only_copy_parses_with_sizes_but_no_bytes() {
+        let (bytes, header_len) = file();
+        let cut = write(&bytes[..header_len]);
+        // The full parser insists on the data; the header-only one does not.
+        assert!(matches!(
+            GgufFile::open(cut.path()),
+            Err(FormatError::Truncated { .. })
+        ));
+        let g = GgufFile::open_header_only(cut.path()).expect("header-only parse");
+        assert_eq!(g.architecture(), Some("llama"));
+        let t = g.tensor("t").expect("tensor");
+        assert_eq!((t.n_bytes, t.offset), (68, header_len as u64));
+        assert!(g.tensor_bytes(t).is_empty());
+
+        // On a whole file it is the same as `open`.
+        let whole = write(&bytes);
+        let g = GgufFile::open_header_only(whole.path()).expect("whole file");
+        let t = g.tensor("t").expect("tensor");
+        assert_eq!(g.tensor_bytes(t).as_slice(), &[7u8; 68][..]);
+    }
+
+    #[test]
+    fn header_only_still_rejects_a_cut_header() {
+        let (bytes, header_len) = file();
+        // Cut in the counts, the metadata, and the tensor's offset field
+        // (which ends at byte 110; padding follows up to `header_len`).
+        assert_eq!(header_len, 128);
+        for len in [4, 30, 105] {
+            let cut = write(&bytes[..len]);
+            assert!(
+                matches!(
+                    GgufFile::open_header_only(cut.path()),
+                    Err(FormatError::Truncated { .. })
+                ),
+                "cut at {len}"
+            );
+        }
     }
 }

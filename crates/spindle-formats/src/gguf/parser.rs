@@ -49,13 +49,29 @@ struct RawTensor {
 pub(super) struct Parser<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Whether every tensor's bytes must lie inside `buf` (false for
+    /// header-only copies, whose data section is absent).
+    require_data: bool,
 }
 
 pub(super) type Name<'n> = &'n dyn Fn() -> String;
 
 impl<'a> Parser<'a> {
     pub(super) fn new(buf: &'a [u8]) -> Parser<'a> {
-        Parser { buf, pos: 0 }
+        Parser {
+            buf,
+            pos: 0,
+            require_data: true,
+        }
+    }
+
+    /// A parser that accepts tensors whose bytes lie past the end of `buf`:
+    /// sizes and offsets are still checked, only their presence is not.
+    pub(super) fn header_only(buf: &'a [u8]) -> Parser<'a> {
+        Parser {
+            require_data: false,
+            ..Parser::new(buf)
+        }
     }
 
     fn file_len(&self) -> u64 {
@@ -266,7 +282,12 @@ impl<'a> Parser<'a> {
             reason: "aligning it overflows: the file is corrupt, fetch the model again".to_string(),
         })?;
 
-        let file_len = self.file_len();
+        // Header-only: any end that does not overflow is accepted.
+        let file_len = if self.require_data {
+            self.file_len()
+        } else {
+            u64::MAX
+        };
         let mut tensors = Vec::with_capacity(raw.len());
         for t in raw {
             tensors.push(place_tensor(t, data_offset, alignment, file_len)?);

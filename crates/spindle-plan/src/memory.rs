@@ -1,0 +1,348 @@
+//! Where the bytes go: KV cache, activations and workspace, overhead, and
+//! the largest context and batch that fit.
+//!
+//! The activation terms follow how the engine allocates (spindle-model's
+//! `forward.rs`, spindle-kernels' matmul and attention): one term per buffer,
+//! named after it, so a term that drifts from the code is easy to find. Every
+//! buffer is counted as live at once: the big ones are (they are kept from
+//! pass to pass at their largest size), the transient ones are small.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::KvType;
+use crate::profile::EngineProfile;
+use crate::shape::ModelShape;
+use crate::source::WeightFormat;
+
+/// One named allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Term {
+    pub name: String,
+    pub bytes: u64,
+    /// When it is live.
+    pub phase: Phase,
+}
+
+/// When an activation term is live: kept from pass to pass, or only during
+/// the prefill chunk, or only during the decode pass (the two never overlap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Always,
+    Prefill,
+    Decode,
+}
+
+/// Product of `xs`, saturating (absurd requests must not wrap around to
+/// small numbers that "fit").
+fn mul(xs: &[u64]) -> u64 {
+    xs.iter().fold(1u64, |a, &x| a.saturating_mul(x))
+}
+
+const F32: u64 = 4;
+/// Bytes of one `ActGroup` (spindle-kernels quant/multi.rs): 256 int8
+/// values, 8 f32 scales, 8 i32 corrections, 8 f32 sums.
+const ACT_GROUP_BYTES: u64 = 256 + 32 + 32 + 32;
+/// Bytes of one `WGroup` (same file): 256 u8 + 8 f32 + 8 f32 + 256 i8 + 32 i16.
+const W_GROUP_BYTES: u64 = 256 + 32 + 32 + 256 + 64;
+/// Weight rows per register tile of the AVX2 multi-row kernels (`MR`).
+const TILE_ROWS: u64 = 4;
+
+/// Activation and workspace bytes of the engine's largest pass at context
+/// `ctx` with `batch` sequences: a prefill chunk of `min(prefill_chunk,
+/// ctx)` rows, or a decode pass of `batch` rows, whichever is larger.
+pub fn activation_terms(
+    shape: &ModelShape,
+    ctx: u64,
+    batch: u64,
+    kv: KvType,
+    prefill_chunk: u64,
+    profile: &EngineProfile,
+) -> Vec<Term> {
+    let (e, qd, kvd, ff, vocab) = (
+        shape.n_embd,
+        shape.q_dim(),
+        shape.kv_dim(),
+        shape.n_ff,
+        shape.vocab_size,
+    );
+    // Rows of a prefill chunk (a chain), and of the largest pass.
+    let chain = prefill_chunk.min(ctx).max(1);
+    let n = chain.max(batch);
+    // Rows asking for logits: every decoding sequence (a prefill chunk asks
+    // only for its last row).
+    let logit_rows = batch;
+    // Committed positions one sequence's rows can see at `ctx`, over all layers.
+    let visible = shape.max_visible_tokens(ctx);
+    // Keys one attention task scores: the visible committed ones plus the
+    // pass's own rows, never more than the context.
+    let keys = visible.saturating_add(chain).min(ctx).max(1);
+    let group = shape.n_heads / shape.n_kv_heads.max(1);
+    // Widest matmul input row: wq/wk/wv/gate/up read n_embd, wo q_dim, down n_ff.
+    let widest = e.max(qd).max(ff);
+    let quant = shape.weights.quantized_matmuls;
+    let threads = profile.threads;
+
+    let mut terms = vec![
+        // forward.rs PassBuffers: kept from pass to pass at their largest size.
+        ("PassBuffers.h: residual stream, f32", mul(&[F32, n, e])),
+        ("PassBuffers.xn: normed layer input, f32", mul(&[F32, n, e])),
+        ("PassBuffers.q: queries, f32", mul(&[F32, n, qd])),
+        ("PassBuffers.k: keys of the pass, f32", mul(&[F32, n, kvd])),
+        (
+            "PassBuffers.v: values of the pass, f32",
+            mul(&[F32, n, kvd]),
+        ),
+        (
+            "PassBuffers.attn: attention output, f32",
+            mul(&[F32, n, qd]),
+        ),
+        ("PassBuffers.o: output projections, f32", mul(&[F32, n, e])),
+        ("PassBuffers.gate: FFN gate, f32", mul(&[F32, n, ff])),
+        ("PassBuffers.up: FFN up, f32", mul(&[F32, n, ff])),
+        (
+            "PassBuffers.hn: final-normed rows that want logits, f32",
+            mul(&[F32, logit_rows, e]),
+        ),
+        // forward.rs returns Logits::data, held while the rows are sampled.
+        (
+            "Logits.data: logits of those rows, f32",
+            mul(&[F32, logit_rows, vocab]),
+        ),
+        // sampler.rs: a penalised copy (f32) and the (id, logit) candidates.
+        (
+            "sampler: penalised logits and candidate list",
+            mul(&[12, vocab]),
+        ),
+        // kv_cache.rs Scratch: every layer's K and V rows of the pass, stored type.
+        (
+            "KvCache.scratch: the pass's K/V rows, every layer",
+            mul(&[2, shape.n_layers, n, kv.row_bytes(kvd)]),
+        ),
+        // forward.rs KvViews: K/V widened to f32 for one layer at a time.
+        (
+            "KvViews.pass_k/pass_v: the pass's K/V widened to f32",
+            mul(&[2, F32, n, kvd]),
+        ),
+        (
+            "KvViews.committed: each sequence's visible K/V widened to f32",
+            mul(&[2, F32, batch, visible, kvd]),
+        ),
+        // forward.rs RowPlan::path: a chain row lists all its ancestors.
+        (
+            "RowPlan.path: each row's ancestors in the batch",
+            mul(&[8, (chain * (chain + 1) / 2).max(batch)]),
+        ),
+    ];
+    if quant {
+        // matmul.rs ACTS (calling thread): int8 values plus, per 32, an f32
+        // scale and an i16 sum; sized by the widest input of the largest pass.
+        terms.push((
+            "QuantizedActs: int8 activations, scales and block sums",
+            mul(&[n, widest]).saturating_add(mul(&[6, n, widest / 32])),
+        ));
+        // matmul.rs PACKED: the same rows packed for the multi-row kernels.
+        let packed = if n >= 2 {
+            mul(&[n, widest.div_ceil(256), ACT_GROUP_BYTES])
+        } else {
+            0
+        };
+        terms.push(("PACKED: activations packed as ActGroups", packed));
+        // quant/multi.rs WTILE: a tile of packed weight rows per thread.
+        terms.push((
+            "WTILE: packed weight tile per thread",
+            mul(&[threads, TILE_ROWS, widest.div_ceil(256), W_GROUP_BYTES]),
+        ));
+    }
+    // attention.rs attend_group, per running task (one per thread): scores
+    // for the group's heads, a reference (16 bytes) per key row, the
+    // output heads, and the task's list of pass rows it attends to.
+    let per_task = mul(&[F32, group, keys])
+        .saturating_add(mul(&[16, keys]))
+        .saturating_add(mul(&[F32, group, shape.head_dim]))
+        .saturating_add(mul(&[8, chain]));
+    terms.push((
+        "attention task scratch per thread: scores, key refs, output",
+        mul(&[threads, per_task]),
+    ));
+    terms
+        .into_iter()
+        .map(|(name, bytes)| Term {
+            name: name.into(),
+            bytes,
+            phase: phase_of(name),
+        })
+        .collect()
+}
+
+/// Transient terms: the prefill chunk's per-row ancestor lists and attention
+/// scratch go before the decode pass makes its logits and samples them.
+fn phase_of(name: &str) -> Phase {
+    if name.starts_with("RowPlan.path") || name.starts_with("attention task scratch") {
+        Phase::Prefill
+    } else if name.starts_with("Logits.data") || name.starts_with("sampler") {
+        Phase::Decode
+    } else {
+        Phase::Always
+    }
+}
+
+/// Peak of activation terms: what is always live, plus the larger of the
+/// two passes' transients.
+pub(crate) fn activation_peak(terms: &[Term]) -> u64 {
+    let of = |p: Phase| {
+        terms
+            .iter()
+            .filter(|t| t.phase == p)
+            .fold(0u64, |a, t| a.saturating_add(t.bytes))
+    };
+    of(Phase::Always).saturating_add(of(Phase::Prefill).max(of(Phase::Decode)))
+}
+
+/// What the engine holds besides weights, KV and activations.
+pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> {
+    let w = &shape.weights;
+    let file_copy = if profile.resident_gguf_copy && w.format == WeightFormat::Gguf {
+        w.file_overhead_bytes
+    } else {
+        0
+    };
+    let term = |name: &str, bytes| Term {
+        name: name.into(),
+        bytes,
+        phase: Phase::Always,
+    };
+    vec![
+        term(
+            "runtime: binary, allocator, threads (calibrated constant)",
+            profile.runtime_bytes,
+        ),
+        term(
+            "tokenizer, once built (calibrated per vocabulary entry)",
+            mul(&[profile.tokenizer_bytes_per_entry, shape.vocab_size]),
+        ),
+        term(
+            "GGUF header and padding in the resident file copy",
+            file_copy,
+        ),
+        term(
+            "f32 copies of norms and biases",
+            mul(&[F32, w.vector_params]),
+        ),
+    ]
+}
+
+/// Peak while loading: the weights are read while the tokenizer is built
+/// on another thread, whose transient peak is larger than what it keeps.
+pub(crate) fn load_peak_bytes(shape: &ModelShape, profile: &EngineProfile) -> u64 {
+    let others: u64 = overhead_terms(shape, profile)
+        .iter()
+        .filter(|t| !t.name.starts_with("tokenizer"))
+        .fold(0u64, |a, t| a.saturating_add(t.bytes));
+    shape
+        .weights
+        .bytes
+        .saturating_add(others)
+        .saturating_add(mul(&[
+            profile.tokenizer_build_bytes_per_entry,
+            shape.vocab_size,
+        ]))
+}
+
+/// Sum of a list of terms.
+pub(crate) fn sum(terms: &[Term]) -> u64 {
+    terms.iter().fold(0u64, |a, t| a.saturating_add(t.bytes))
+}
+
+/// Everything the engine needs at `ctx` x `batch`.
+pub(crate) fn total_bytes(
+    shape: &ModelShape,
+    ctx: u64,
+    batch: u64,
+    kv: KvType,
+    prefill_chunk: u64,
+    profile: &EngineProfile,
+) -> u64 {
+    let running = shape
+        .weights
+        .bytes
+        .saturating_add(shape.kv_bytes(ctx, batch, kv))
+        .saturating_add(activation_peak(&activation_terms(
+            shape,
+            ctx,
+            batch,
+            kv,
+            prefill_chunk,
+            profile,
+        )))
+        .saturating_add(sum(&overhead_terms(shape, profile)));
+    running.max(load_peak_bytes(shape, profile))
+}
+
+/// The largest `x` in `1..=hi` with `fits(x)`, for `fits` true up to some
+/// point and false after; 0 when even 1 does not fit.
+fn largest(hi: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    if hi == 0 || !fits(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1u64, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// Largest context (up to the model's) that fits `memory` at `batch`.
+pub(crate) fn max_ctx(
+    shape: &ModelShape,
+    batch: u64,
+    kv: KvType,
+    prefill_chunk: u64,
+    profile: &EngineProfile,
+    memory: u64,
+) -> u64 {
+    largest(shape.context_length, |ctx| {
+        total_bytes(shape, ctx, batch, kv, prefill_chunk, profile) <= memory
+    })
+}
+
+/// Largest number of sequences that fits `memory` at `ctx`.
+pub(crate) fn max_batch(
+    shape: &ModelShape,
+    ctx: u64,
+    kv: KvType,
+    prefill_chunk: u64,
+    profile: &EngineProfile,
+    memory: u64,
+) -> u64 {
+    // Every sequence adds at least its KV; a bound far past any real answer.
+    const CAP: u64 = 1 << 40;
+    largest(CAP, |batch| {
+        total_bytes(shape, ctx, batch, kv, prefill_chunk, profile) <= memory
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_finds_the_edge() {
+        assert_eq!(largest(100, |x| x <= 37), 37);
+        assert_eq!(largest(100, |_| true), 100);
+        assert_eq!(largest(100, |_| false), 0);
+        assert_eq!(largest(0, |_| true), 0);
+        assert_eq!(largest(1 << 40, |x| x <= 123_456_789), 123_456_789);
+    }
+
+    #[test]
+    fn mul_saturates() {
+        assert_eq!(mul(&[2, 3, 7]), 42);
+        assert_eq!(mul(&[u64::MAX, 2]), u64::MAX);
+    }
+}
