@@ -35,6 +35,9 @@ enum Command {
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Prompt and generation speed, bandwidth use, and pass cost by rows.
     Bench(commands::bench::BenchArgs),
+    /// Memory (weights, KV, activations, overhead) and speed ceiling from file
+    /// headers alone, before anything is loaded.
+    Plan(commands::plan::PlanArgs),
 }
 
 fn main() {
@@ -52,6 +55,7 @@ fn main() {
         Command::Score(a) => commands::score::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Plan(a) => commands::plan::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

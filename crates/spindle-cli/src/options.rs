@@ -1,12 +1,13 @@
 //! Options shared by subcommands, and opening the model they name.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use spindle_engine::SamplerConfig;
 use spindle_model::tokenizer::Tokenizer;
 use spindle_model::{KvCache, LoadedModel};
+use spindle_plan::{Device, EngineProfile, KvType as PlanKv, ModelShape, PlanRequest};
 
 use crate::home;
 
@@ -18,9 +19,13 @@ pub struct ModelArgs {
     /// Compute threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Context length in tokens (default: the model's).
+    /// Context length in tokens (default: the model's, or what fits).
     #[arg(long = "ctx")]
     pub ctx: Option<usize>,
+    /// Memory granted to the KV cache, e.g. 512MiB or 2G (default: what the
+    /// context needs). Without --ctx, the context is the longest that fits.
+    #[arg(long = "kv-memory", value_parser = parse_size)]
+    pub kv_memory: Option<u64>,
 }
 
 impl ModelArgs {
@@ -46,10 +51,92 @@ impl ModelArgs {
         Ok(path)
     }
 
+    /// Loads the model, after checking from its headers alone that the
+    /// requested context fits (this machine's memory, and `--kv-memory`).
     pub fn load(&self) -> Result<LoadedModel> {
         let path = self.resolve()?;
+        if self.ctx.is_some() || self.kv_memory.is_some() {
+            self.planned_ctx(&path, None)?;
+        }
         spindle_model::load(&path, self.threads())
             .with_context(|| format!("cannot load {}", path.display()))
+    }
+
+    /// The context to size the KV cache for: `--ctx`, else `default`, else
+    /// the longest that `--kv-memory` holds, else the model's own, cut to
+    /// what fits in memory. A requested context that does not fit is an
+    /// error showing the plan.
+    pub fn planned_ctx(&self, path: &Path, default: Option<usize>) -> Result<usize> {
+        let shape = ModelShape::from_path(path)
+            .with_context(|| format!("cannot plan {}", path.display()))?;
+        let device = Device::cpu()?;
+        let profile = EngineProfile::cpu_with_threads(self.threads() as u64);
+        let plan_for = |ctx: u64| {
+            spindle_plan::plan(
+                &shape,
+                &PlanRequest::new(ctx.max(1), 1, PlanKv::F16, device.clone()),
+                &profile,
+            )
+        };
+        let kv_fits = |ctx: u64| {
+            self.kv_memory
+                .is_none_or(|m| shape.kv_bytes(ctx, 1, PlanKv::F16) <= m)
+        };
+        let requested = self.ctx.or(default);
+        let ctx = match (requested, self.kv_memory) {
+            (Some(c), _) => c as u64,
+            (None, Some(_)) => {
+                // The longest context (up to the model's) whose KV fits.
+                let (mut lo, mut hi) = (0u64, shape.context_length.max(1));
+                while lo < hi {
+                    let mid = lo + (hi - lo).div_ceil(2);
+                    if kv_fits(mid) {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                lo
+            }
+            (None, None) => {
+                let p = plan_for(shape.context_length);
+                if p.fits {
+                    shape.context_length
+                } else {
+                    p.max_ctx
+                }
+            }
+        };
+        let plan = plan_for(ctx);
+        if ctx == 0 || !kv_fits(ctx) {
+            bail!(
+                "the KV cache of a {ctx}-token context needs {} but --kv-memory grants {}: \
+                 lower --ctx or raise --kv-memory\n\n{}",
+                spindle_plan::human_bytes(shape.kv_bytes(ctx.max(1), 1, PlanKv::F16)),
+                spindle_plan::human_bytes(self.kv_memory.unwrap_or(0)),
+                plan.render_table()
+            );
+        }
+        if !plan.fits {
+            bail!(
+                "a {ctx}-token context needs {} in all, more than this machine's {}: \
+                 the longest that fits is {} tokens (--ctx {})\n\n{}",
+                spindle_plan::human_bytes(plan.total_bytes),
+                spindle_plan::human_bytes(plan.device.memory_bytes),
+                plan.max_ctx,
+                plan.max_ctx,
+                plan.render_table()
+            );
+        }
+        Ok(ctx as usize)
+    }
+
+    /// A KV cache for `loaded`, sized by [`ModelArgs::planned_ctx`].
+    pub fn kv_cache(&self, loaded: &LoadedModel, default: Option<usize>) -> Result<KvCache> {
+        let model = &loaded.model;
+        let path = self.resolve()?;
+        let ctx = self.planned_ctx(&path, default)?;
+        Ok(model.new_kv_cache(model.default_kv_type(), ctx, 1))
     }
 }
 
@@ -66,11 +153,34 @@ impl ModelArgs {
     }
 }
 
-/// A KV cache for `loaded` of `--ctx` tokens (or the model's context).
-pub fn kv_cache(loaded: &LoadedModel, ctx: Option<usize>) -> KvCache {
-    let model = &loaded.model;
-    let ctx = ctx.unwrap_or(model.config.context_length).max(1);
-    model.new_kv_cache(model.default_kv_type(), ctx, 1)
+/// A size in bytes: a plain number, or with K/M/G/T (powers of 1024, also
+/// written KiB, MiB, ...) or KB/MB/GB/TB (powers of 1000).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size: write e.g. 512MiB, 2G or 1500000000"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "unknown size unit '{other}' in '{s}': use K, M, G, T (or KiB.., KB..)"
+            ))
+        }
+    };
+    Ok((value * scale) as u64)
 }
 
 /// The tokenizer, or an error saying why the model has none.

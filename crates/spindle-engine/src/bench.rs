@@ -6,6 +6,7 @@ use std::time::Instant;
 use spindle_model::{Batch, KvCache, Model, Row, SeqId};
 
 use crate::error::EngineError;
+use crate::sampler::SamplerConfig;
 
 /// Mean, standard deviation and median of repeated measurements.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -148,5 +149,67 @@ pub fn time_rows(
     };
     let r = run(kv);
     kv.remove_sequence(seq);
+    r
+}
+
+/// Runs the passes that need the most memory at context `ctx` with `batch`
+/// sequences, so that a process's peak resident memory can be compared with
+/// the planner's prediction: the last prefill chunk of one sequence (of
+/// `min(chunk, ctx)` rows, after `ctx - rows` committed tokens), then one
+/// decode pass with a row for each of `batch` sequences at the end of the
+/// context, every row asking for logits, each then sampled. Committed KV is zeros
+/// ([`KvCache::pad_with_zeros`]): a pass uses the same memory whatever the
+/// values. `kv` must have `batch` free sequence slots of `ctx` tokens.
+pub fn run_peak_memory_passes(
+    model: &Model,
+    kv: &mut KvCache,
+    ctx: usize,
+    batch: usize,
+    chunk: usize,
+) -> Result<(), EngineError> {
+    let vocab = model.config.vocab_size;
+    let seqs = (0..batch.max(1))
+        .map(|_| fresh(kv))
+        .collect::<Result<Vec<_>, _>>()?;
+    let run = |kv: &mut KvCache| -> Result<(), EngineError> {
+        // The largest prefill chunk, at the end of the context.
+        let rows = chunk.min(ctx).max(1);
+        kv.pad_with_zeros(seqs[0], ctx - rows)?;
+        let mut b = Batch::new();
+        let tokens = bench_tokens(rows, vocab, 7);
+        b.push_chain(seqs[0], ctx - rows, &tokens, |i| i + 1 == rows);
+        model.forward(&b, kv)?;
+        // Every sequence decoding its last position.
+        let mut b = Batch::new();
+        for (i, &seq) in seqs.iter().enumerate() {
+            kv.pad_with_zeros(seq, ctx - 1 - kv.seq_len(seq))?;
+            b.push(Row {
+                token: bench_tokens(1, vocab, i as u64)[0],
+                pos: ctx - 1,
+                seq,
+                parent: None,
+                logits: true,
+            });
+        }
+        let logits = model.forward(&b, kv)?;
+        // Sampled as generation would, with penalties and nucleus sampling.
+        let cfg = SamplerConfig {
+            temperature: 0.8,
+            top_p: 0.9,
+            repetition_penalty: 1.1,
+            ..SamplerConfig::default()
+        };
+        let history = bench_tokens(64, vocab, 3);
+        for i in 0..b.len() {
+            if let Some(row) = logits.row(i) {
+                crate::sampler::sample(&cfg, row, &history, ctx - 1);
+            }
+        }
+        Ok(())
+    };
+    let r = run(kv);
+    for &seq in &seqs {
+        kv.remove_sequence(seq);
+    }
     r
 }

@@ -305,6 +305,32 @@ impl KvCache {
         Ok(())
     }
 
+    /// Commits `n` positions of zero keys and values to a sequence, without a
+    /// pass: benchmarks and memory measurements use it to reach a long
+    /// context quickly (what a pass costs does not depend on the values).
+    pub fn pad_with_zeros(&mut self, seq: SeqId, n: usize) -> Result<(), ModelError> {
+        let kv_dim = self.layout.kv_dim;
+        let max_len = self.layout.max_len;
+        let s = self.seq_mut(seq)?;
+        if s.len + n > max_len {
+            return Err(ModelError::ContextFull {
+                seq,
+                len: s.len + n,
+                ctx: max_len,
+            });
+        }
+        for l in &mut s.layers {
+            let zeros = vec![0.0f32; kv_dim];
+            for p in s.len..s.len + n.min(l.slots) {
+                let at = (p % l.slots) * kv_dim;
+                l.k.write(at, &zeros);
+                l.v.write(at, &zeros);
+            }
+        }
+        s.len += n;
+        Ok(())
+    }
+
     /// Rolls a sequence back to `len` tokens. A sliding-window layer keeps
     /// only its window, so a sequence can roll back only as far as its
     /// windows still hold what the following positions see.

@@ -8,7 +8,7 @@ use spindle_engine::{generate, GenerateRequest};
 use spindle_model::chat_template::ChatMessage;
 
 use crate::commands::run::encode_chat;
-use crate::options::{kv_cache, tokenizer, ModelArgs, SamplingArgs};
+use crate::options::{tokenizer, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -28,7 +28,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let sampler = args.sampling.config()?;
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
-    let mut kv = kv_cache(&loaded, args.model.ctx);
+    let mut kv = args.model.kv_cache(&loaded, None)?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
         messages.push(ChatMessage {

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod perplexity;
+pub mod plan;
 pub mod pull;
 pub mod run;
 pub mod score;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use spindle_engine::score::perplexity;
 
-use crate::options::{kv_cache, tokenizer, ModelArgs};
+use crate::options::{tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -29,7 +29,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let ids = tok.encode(&text, tok.add_bos_default(), false)?;
-    let mut kv = kv_cache(&loaded, Some(args.chunk));
+    let mut kv = args.model.kv_cache(&loaded, Some(args.chunk))?;
     let t0 = std::time::Instant::now();
     let json = args.json;
     let result = perplexity(

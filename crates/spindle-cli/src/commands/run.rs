@@ -10,7 +10,7 @@ use spindle_engine::{generate, GenerateOutput, GenerateRequest};
 use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
-use crate::options::{kv_cache, prompt_text, tokenizer, ModelArgs, SamplingArgs};
+use crate::options::{prompt_text, tokenizer, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -66,7 +66,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let prompt = prompt_ids(tok, &text, args.chat)?;
-    let mut kv = kv_cache(&loaded, args.model.ctx);
+    let mut kv = args.model.kv_cache(&loaded, None)?;
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens: args.n,
@@ -102,7 +102,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         let text = tok.decode(&out.tokens)?;
         println!(
             "{}",
-            serde_json::to_string(&result_json(&prompt, &out, &text, sampler.seed))?
+            serde_json::to_string(&result_json(
+                &prompt,
+                &out,
+                &text,
+                sampler.seed,
+                kv.max_len()
+            ))?
         );
     }
     Ok(())
@@ -113,6 +119,7 @@ pub fn result_json(
     out: &GenerateOutput,
     text: &str,
     seed: u64,
+    ctx: usize,
 ) -> serde_json::Value {
     let s = &out.stats;
     json!({
@@ -128,6 +135,7 @@ pub fn result_json(
             "prompt_seconds": s.prompt_seconds,
             "gen_seconds": s.gen_seconds,
             "seed": seed,
+            "ctx": ctx,
         }
     })
 }

@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 use spindle_engine::score::score;
 
-use crate::options::{kv_cache, parse_ids, prompt_text, tokenizer, ModelArgs};
+use crate::options::{parse_ids, prompt_text, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
@@ -39,7 +39,7 @@ pub fn run(args: ScoreArgs) -> Result<()> {
             tok.encode(&text, tok.add_bos_default(), false)?
         }
     };
-    let mut kv = kv_cache(&loaded, args.model.ctx.or(Some(ids.len().max(1))));
+    let mut kv = args.model.kv_cache(&loaded, Some(ids.len().max(1)))?;
     let positions = score(&loaded.model, &mut kv, &ids, args.top)?;
     if args.json {
         println!(
