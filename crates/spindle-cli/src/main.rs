@@ -3,6 +3,7 @@
 mod commands;
 mod home;
 mod options;
+mod spec;
 
 use clap::{Parser, Subcommand};
 

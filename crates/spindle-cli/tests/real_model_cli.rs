@@ -52,6 +52,8 @@ fn run_json_has_the_documented_shape() {
         "--json",
         "-t",
         "2",
+        "--spec",
+        "off",
     ]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
@@ -172,4 +174,53 @@ fn perplexity_json_and_context_errors() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("context"), "{err}");
+}
+
+/// Speculative decoding (the default) emits plain decoding's tokens, greedy
+/// and sampled, and reports its statistics; on repetitive text it commits
+/// several tokens per pass.
+#[test]
+fn speculative_run_equals_plain_run() {
+    let Some(m) = model() else { return };
+    let prompt = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\ndef div(a, b):\n";
+    for temp in ["0", "0.8"] {
+        let run = |spec: &str| -> serde_json::Value {
+            let o = spindle(&[
+                "run",
+                "-m",
+                m.to_str().unwrap(),
+                "-p",
+                prompt,
+                "-n",
+                "96",
+                "--temp",
+                temp,
+                "--seed",
+                "3",
+                "--json",
+                "--spec",
+                spec,
+            ]);
+            serde_json::from_slice(&o.stdout).unwrap()
+        };
+        let (plain, spec) = (run("off"), run("auto"));
+        assert_eq!(spec["tokens"], plain["tokens"], "temp {temp}");
+        let s = &spec["stats"];
+        for key in [
+            "passes",
+            "tokens_per_pass",
+            "drafted",
+            "accepted",
+            "acceptance_rate",
+        ] {
+            assert!(s[key].is_number(), "stats.{key}");
+        }
+        assert_eq!(plain["stats"]["drafted"], 0);
+        if temp == "0" {
+            assert!(
+                s["tokens_per_pass"].as_f64().unwrap() > 1.5,
+                "repetitive code, greedy: {s}"
+            );
+        }
+    }
 }

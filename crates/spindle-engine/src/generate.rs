@@ -53,6 +53,10 @@ pub struct GenerateStats {
     pub passes: usize,
     /// Passes after prefill.
     pub decode_passes: usize,
+    /// Tokens drafted and sent for verification (speculative decoding).
+    pub drafted: usize,
+    /// Drafted tokens the target model accepted.
+    pub accepted: usize,
 }
 
 impl GenerateStats {
@@ -71,6 +75,17 @@ impl GenerateStats {
             0.0
         } else {
             self.gen_tokens as f64 / (self.decode_passes + 1) as f64
+        }
+    }
+}
+
+impl GenerateStats {
+    /// Accepted over drafted (0 when nothing was drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
         }
     }
 }
@@ -140,12 +155,13 @@ pub fn generate(
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<GenerateOutput, EngineError> {
     let seq = kv.add_sequence()?;
-    let result = generate_in(model, kv, seq, req, &mut on_token);
+    let result = generate_on(model, kv, seq, req, &mut on_token);
     kv.remove_sequence(seq);
     result
 }
 
-fn generate_in(
+/// [`generate`] on an open, empty sequence, which keeps its KV afterwards.
+pub fn generate_on(
     model: &Model,
     kv: &mut KvCache,
     seq: SeqId,

@@ -5,7 +5,10 @@ pub mod error;
 pub mod generate;
 pub mod sampler;
 pub mod score;
+pub mod spec;
 
 pub use error::EngineError;
-pub use generate::{generate, FinishReason, GenerateOutput, GenerateRequest, GenerateStats};
+pub use generate::{
+    generate, generate_on, FinishReason, GenerateOutput, GenerateRequest, GenerateStats,
+};
 pub use sampler::{sample, SamplerConfig};

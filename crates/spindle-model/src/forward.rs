@@ -166,6 +166,7 @@ impl Model {
                 .collect(),
             max_len,
             max_seqs,
+            rollback: 0,
         }
     }
 

@@ -157,13 +157,18 @@ pub struct KvLayout {
     pub max_len: usize,
     /// Sequences held at once.
     pub max_seqs: usize,
+    /// Tokens a sequence must be able to roll back ([`KvCache::truncate`]):
+    /// sliding layers keep this many slots beyond their window (a draft
+    /// model drafts ahead and rolls back what was rejected). 0 for a cache
+    /// that only ever commits accepted tokens.
+    pub rollback: usize,
 }
 
 impl KvLayout {
     /// Token slots of layer `l` per sequence.
     pub fn slots(&self, l: usize) -> usize {
         match self.windows[l] {
-            Some(w) => w.clamp(1, self.max_len.max(1)),
+            Some(w) => (w + self.rollback).clamp(1, self.max_len.max(1)),
             None => self.max_len,
         }
     }

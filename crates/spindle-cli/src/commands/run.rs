@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
-use spindle_engine::{generate, GenerateOutput, GenerateRequest};
+use spindle_engine::{GenerateOutput, GenerateRequest};
 use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
 use crate::options::{prompt_text, tokenizer, ModelArgs, SamplingArgs};
+use crate::spec::{generate_with, SpecArgs};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -27,6 +28,8 @@ pub struct RunArgs {
     pub n: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Wrap the prompt in the model's chat template as a user turn.
     #[arg(long)]
     pub chat: bool,
@@ -63,6 +66,7 @@ pub fn encode_chat(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>
 pub fn run(args: RunArgs) -> Result<()> {
     let text = prompt_text(&args.prompt, &args.file)?;
     let sampler = args.sampling.config()?;
+    args.spec.mode()?;
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let prompt = prompt_ids(tok, &text, args.chat)?;
@@ -74,24 +78,34 @@ pub fn run(args: RunArgs) -> Result<()> {
         stop_ids: tok.stop_ids(),
     };
 
+    let mut drafter = args
+        .spec
+        .drafter(&loaded.model, kv.max_len(), args.model.threads())?;
     let mut decoder = tok.stream_decoder();
     let mut stdout = std::io::stdout().lock();
     let streaming = !args.json;
-    let out = generate(&loaded.model, &mut kv, &req, |id| {
-        if streaming {
-            if let Some(piece) = decoder.push(id) {
-                // A closed stdout (e.g. `| head`) stops generation quietly.
-                if stdout
-                    .write_all(piece.as_bytes())
-                    .and_then(|_| stdout.flush())
-                    .is_err()
-                {
-                    return false;
+    let out = generate_with(
+        &loaded.model,
+        &mut kv,
+        &req,
+        drafter.as_mut(),
+        args.spec.spec_budget,
+        |id| {
+            if streaming {
+                if let Some(piece) = decoder.push(id) {
+                    // A closed stdout (e.g. `| head`) stops generation quietly.
+                    if stdout
+                        .write_all(piece.as_bytes())
+                        .and_then(|_| stdout.flush())
+                        .is_err()
+                    {
+                        return false;
+                    }
                 }
             }
-        }
-        true
-    })?;
+            true
+        },
+    )?;
     if streaming {
         if let Some(rest) = decoder.flush() {
             let _ = stdout.write_all(rest.as_bytes());
@@ -136,20 +150,34 @@ pub fn result_json(
             "gen_seconds": s.gen_seconds,
             "seed": seed,
             "ctx": ctx,
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "acceptance_rate": s.acceptance_rate(),
         }
     })
 }
 
 pub fn print_stats(out: &GenerateOutput, threads: usize, seed: u64) {
     let s = &out.stats;
+    let spec = if s.drafted > 0 {
+        format!(
+            " | drafted {}, accepted {} ({:.0}%)",
+            s.drafted,
+            s.accepted,
+            100.0 * s.acceptance_rate()
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | {} passes, {:.2} tokens/pass | {} threads, seed {}, finish: {}",
+        "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | {} passes, {:.2} tokens/pass{} | {} threads, seed {}, finish: {}",
         s.prompt_tokens,
         s.prompt_tokens_per_s(),
         s.gen_tokens,
         s.gen_tokens_per_s(),
         s.passes,
         s.tokens_per_pass(),
+        spec,
         threads,
         seed,
         out.finish.as_str()
