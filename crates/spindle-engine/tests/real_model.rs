@@ -181,3 +181,80 @@ fn every_isa_scores_the_real_model_identically() {
         }
     }
 }
+
+/// Speculative decoding on the real model, for several prompts (from the
+/// spec benchmark's categories) and seeds, greedy and at temperature 0.8
+/// with top-p 0.9: the same tokens as plain decoding, and the same KV cache
+/// bit for bit.
+#[test]
+fn speculative_decoding_equals_plain_on_the_real_model() {
+    use spindle_engine::generate_on;
+    use spindle_engine::spec::{generate_speculative_on, Adaptive, NgramDrafter};
+    use spindle_model::kv_cache::KvBuf;
+
+    let Some(path) = real_model() else { return };
+    let m = spindle_model::load(&path, 2).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let prompts_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/spec-prompts");
+    let kv_bits = |kv: &spindle_model::KvCache| -> Vec<Vec<u16>> {
+        kv.seq(0)
+            .unwrap()
+            .layers
+            .iter()
+            .flat_map(|l| [&l.k, &l.v])
+            .map(|b| match b {
+                KvBuf::F16(v) => v.iter().map(|x| x.to_bits()).collect(),
+                KvBuf::F32(_) => panic!("the real model keeps f16 KV"),
+            })
+            .collect()
+    };
+    let mut accepted = 0;
+    for name in ["code_edit", "chat_repeat", "prose"] {
+        let text = std::fs::read_to_string(prompts_dir.join(format!("{name}.txt"))).unwrap();
+        let prompt = tok.encode(&text, true, false).unwrap();
+        for sampler in [
+            SamplerConfig::default(),
+            SamplerConfig {
+                temperature: 0.8,
+                top_p: 0.9,
+                seed: 11,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                temperature: 0.8,
+                top_p: 0.9,
+                seed: 12,
+                ..SamplerConfig::default()
+            },
+        ] {
+            let req = GenerateRequest {
+                prompt: prompt.clone(),
+                max_tokens: 40,
+                sampler: sampler.clone(),
+                stop_ids: tok.stop_ids(),
+            };
+            let mut plain_kv = m.model.new_kv_cache(m.model.default_kv_type(), 1024, 1);
+            let seq = plain_kv.add_sequence().unwrap();
+            let want = generate_on(&m.model, &mut plain_kv, seq, &req, &mut |_| true).unwrap();
+            for mut policy in [Adaptive::new(16), Adaptive::fixed(8)] {
+                let mut kv = m.model.new_kv_cache(m.model.default_kv_type(), 1024, 1);
+                let seq = kv.add_sequence().unwrap();
+                let got = generate_speculative_on(
+                    &m.model,
+                    &mut kv,
+                    seq,
+                    &req,
+                    &mut NgramDrafter::default(),
+                    &mut policy,
+                    &mut |_| true,
+                )
+                .unwrap();
+                assert_eq!(got.tokens, want.tokens, "{name} {sampler:?}");
+                assert_eq!(got.finish, want.finish);
+                assert!(kv_bits(&kv) == kv_bits(&plain_kv), "{name}: KV differs");
+                accepted += got.stats.accepted;
+            }
+        }
+    }
+    assert!(accepted > 40, "only {accepted} drafted tokens accepted");
+}

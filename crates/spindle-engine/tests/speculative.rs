@@ -189,7 +189,7 @@ fn rejected_and_branching_trees_change_nothing() {
             let mut oracle = Oracle {
                 full: [prompt.clone(), want.tokens.clone()].concat(),
             };
-            let (got, got_kv) = speculative(&m, &req, &mut oracle, &mut Adaptive::new(16));
+            let (got, got_kv) = speculative(&m, &req, &mut oracle, &mut Adaptive::fixed(16));
             assert_eq!(got.tokens, want.tokens, "oracle drafts, prompt {pi}");
             assert!(kv_bits(&got_kv) == kv_bits(&want_kv));
             assert!(

@@ -90,6 +90,19 @@ fn head_rows_throughput() {
     }
 }
 
+/// One layer's FFN matrices against the few rows of a speculative tree.
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn layer_rows_throughput() {
+    let pool = ThreadPool::new(2);
+    for n in [1, 2, 4, 9, 16, 64] {
+        bench(&pool, GgmlType::Q5_0, 2048, 640, n, 0.5);
+    }
+    for n in [1, 2, 4, 9, 16, 64] {
+        bench(&pool, GgmlType::Q4_K, 640, 2048, n, 0.5);
+    }
+}
+
 /// GB/s of a plain read of `data` split over the pool's threads: the memory
 /// bandwidth the kernels can hope for on this machine right now.
 fn read_baseline(pool: &ThreadPool, data: &[u8]) -> f64 {

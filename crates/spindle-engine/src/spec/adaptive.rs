@@ -2,12 +2,18 @@
 //! tokens per second, from what passes of each size have cost so far and
 //! how well the drafter's estimates have held up.
 //!
-//! With `b` nodes, a pass costs `t(1 + b)` and commits `1 + c * reach(b)`
-//! tokens on average, where `reach(b)` is the sum of the reach estimates of
-//! the `b` likeliest nodes and `c` the running ratio of accepted to
-//! estimated. `b = 0` is plain decoding, so where drafts keep failing the
-//! choice falls back to it; a small probe every [`PROBE_EVERY`] plain passes
-//! lets `c` recover (at most a few percent of the time).
+//! With `b` nodes, a pass costs `t(1 + b)` and commits `1 + reach(b)` tokens
+//! on average, where `reach(b)` sums the probability of reaching each of the
+//! `b` likeliest nodes. That probability is measured, not taken from the
+//! drafter (drafters are often right about which token comes next and wrong
+//! about how sure to be): a node is reached with its parent's probability
+//! times `q`, the running rate at which the walk went on whenever the tree
+//! offered a next token, times the node's share of the drafter's confidence
+//! among its siblings (only one of them can be the model's token).
+//!
+//! `b = 0` is plain decoding, so where drafts keep failing the choice falls
+//! back to it; a small probe every [`PROBE_EVERY`] plain passes lets `q`
+//! recover (at most a few percent of the time).
 
 use super::tree::TokenTree;
 
@@ -19,9 +25,18 @@ pub const PROBE_EVERY: usize = 16;
 const PROBE_NODES: usize = 2;
 /// Weight of the newest observation in running averages.
 const EMA: f64 = 0.2;
-/// Relative cost of a pass of `n` rows before any of that size was timed:
-/// `1 + SLOPE * (n - 1)`, a little above what `spindle bench --rows` measured
-/// on the development machine (2 rows 1.4x, 8 rows 3.7x, 16 rows 5.2x).
+/// Weight of one accepted or rejected token in the running acceptance rate.
+const GO_ON_EMA: f64 = 0.1;
+/// Acceptance rate before anything was verified.
+const GO_ON_PRIOR: f64 = 0.6;
+/// Gain over plain decoding a tree must promise before it is drafted: the
+/// estimates are noisy, and a tree that only breaks even costs a little
+/// more than plain decoding once the estimate is off.
+const MIN_GAIN: f64 = 1.1;
+/// Cost of each row beyond the first, relative to a one-row pass, before
+/// any multi-row pass was timed: a little above what `spindle bench --rows`
+/// measured on the development machine (2 rows 1.4x, 8 rows 3.7x, 16 rows
+/// 5.2x).
 const SLOPE: f64 = 0.4;
 
 /// The adaptive budget policy of one generation.
@@ -29,10 +44,15 @@ const SLOPE: f64 = 0.4;
 pub struct Adaptive {
     /// Largest tree (default 16, at most 64).
     pub max_nodes: usize,
-    /// Seconds of a pass of `n` rows (index `n`), as timed so far.
-    cost: Vec<Option<f64>>,
-    /// Accepted over estimated, running.
-    calibration: f64,
+    /// Seconds of a one-row pass, running.
+    one_row: Option<f64>,
+    /// Seconds each further row adds, running (a pass of `n` rows is
+    /// modelled as `one_row + n_more * (n - 1)`: one line fitted to every
+    /// pass, so a noisy pass of one size cannot rule that size out for
+    /// good).
+    per_row: Option<f64>,
+    /// How often the walk went on when the tree offered a next token.
+    go_on: f64,
     plain_streak: usize,
     /// Always verify the whole budget (no adaptation).
     fixed: bool,
@@ -43,8 +63,9 @@ impl Adaptive {
         let max_nodes = max_nodes.min(64);
         Adaptive {
             max_nodes,
-            cost: vec![None; max_nodes + 2],
-            calibration: 1.0,
+            one_row: None,
+            per_row: None,
+            go_on: GO_ON_PRIOR,
             plain_streak: 0,
             fixed: false,
         }
@@ -61,18 +82,9 @@ impl Adaptive {
 
     /// Seconds a pass of `rows` rows is expected to take.
     pub fn pass_seconds(&self, rows: usize) -> f64 {
-        if let Some(Some(t)) = self.cost.get(rows) {
-            return *t;
-        }
-        // Scale the prior from the nearest timed size below (or above).
-        let prior = |n: usize| 1.0 + SLOPE * (n as f64 - 1.0);
-        let nearest = (1..self.cost.len())
-            .filter_map(|n| self.cost[n].map(|t| (n, t)))
-            .min_by_key(|&(n, _)| n.abs_diff(rows));
-        match nearest {
-            Some((n, t)) => t * prior(rows) / prior(n),
-            None => prior(rows),
-        }
+        let one = self.one_row.unwrap_or(1.0);
+        let per_row = self.per_row.unwrap_or(SLOPE * one);
+        one + per_row * rows.saturating_sub(1) as f64
     }
 
     /// The number of nodes of `tree` (built with [`Adaptive::max_nodes`]) to
@@ -81,20 +93,42 @@ impl Adaptive {
         if self.fixed {
             return tree.len().min(self.max_nodes);
         }
-        let mut reach: Vec<f64> = tree.nodes.iter().map(|n| n.reach as f64).collect();
-        reach.sort_by(|a, b| b.total_cmp(a));
-        let mut best = (0usize, 1.0 / self.pass_seconds(1));
+        // Measured reach of every node (parents come first), taken in the
+        // order the budget cut keeps nodes.
+        let local = |i: usize| -> f64 {
+            let n = &tree.nodes[i];
+            let parent = n.parent.map_or(1.0, |p| tree.nodes[p].reach as f64);
+            (n.reach as f64 / parent.max(1e-12)).max(1e-6)
+        };
+        let mut siblings = std::collections::HashMap::<Option<usize>, f64>::new();
+        for (i, n) in tree.nodes.iter().enumerate() {
+            *siblings.entry(n.parent).or_default() += local(i);
+        }
+        let mut reach = vec![0.0f64; tree.len()];
+        for (i, n) in tree.nodes.iter().enumerate() {
+            let share = local(i) / siblings[&n.parent];
+            reach[i] = n.parent.map_or(1.0, |p| reach[p]) * self.go_on * share;
+        }
+        let mut order: Vec<usize> = (0..tree.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&tree.nodes[a], &tree.nodes[b]);
+            y.reach
+                .total_cmp(&x.reach)
+                .then(x.depth.cmp(&y.depth))
+                .then(a.cmp(&b))
+        });
+        let mut best = (0usize, MIN_GAIN / self.pass_seconds(1));
         let mut sum = 0.0;
         let mut taken = 0;
         for &b in BUDGETS.iter().skip(1) {
-            if b > self.max_nodes || b > reach.len() {
+            if b > self.max_nodes || b > order.len() {
                 break;
             }
             while taken < b {
-                sum += reach[taken];
+                sum += reach[order[taken]];
                 taken += 1;
             }
-            let rate = (1.0 + self.calibration * sum) / self.pass_seconds(1 + b);
+            let rate = (1.0 + sum) / self.pass_seconds(1 + b);
             if rate > best.1 {
                 best = (b, rate);
             }
@@ -113,22 +147,25 @@ impl Adaptive {
 
     /// A pass of `rows` rows took `seconds`.
     pub fn record_pass(&mut self, rows: usize, seconds: f64) {
-        if let Some(slot) = self.cost.get_mut(rows) {
-            *slot = Some(match *slot {
-                Some(t) => t + EMA * (seconds - t),
-                None => seconds,
-            });
+        let ema = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + EMA * (new - o)));
+        if rows <= 1 {
+            self.one_row = ema(self.one_row, seconds);
+        } else if let Some(one) = self.one_row {
+            let per_row = ((seconds - one) / (rows - 1) as f64).max(0.0);
+            self.per_row = ema(self.per_row, per_row);
         }
     }
 
-    /// A verified tree whose reach estimates summed to `estimated` gave
-    /// `accepted` tokens.
-    pub fn record_acceptance(&mut self, estimated: f64, accepted: usize) {
-        if estimated <= 0.0 {
-            return;
+    /// The walk of a verified tree accepted `accepted` drafted tokens, then
+    /// stopped: `rejected` when the tree offered a next token and the model
+    /// chose another (not when it ran out of tree, or generation ended).
+    pub fn record_acceptance(&mut self, accepted: usize, rejected: bool) {
+        for _ in 0..accepted {
+            self.go_on += GO_ON_EMA * (1.0 - self.go_on);
         }
-        let ratio = (accepted as f64 / estimated).clamp(0.0, 4.0);
-        self.calibration += EMA * (ratio - self.calibration);
+        if rejected {
+            self.go_on += GO_ON_EMA * (0.0 - self.go_on);
+        }
     }
 }
 
@@ -142,13 +179,41 @@ mod tests {
     }
 
     #[test]
-    fn confident_drafts_get_a_tree_and_hopeless_ones_plain_decoding() {
+    fn accepted_drafts_grow_the_tree_and_rejected_ones_end_it() {
         let mut a = Adaptive::new(16);
         a.record_pass(1, 0.010);
-        // At 0.4 of a pass per extra row, 6 nodes of a 0.95 chain pay best.
-        assert_eq!(a.choose(&tree(0.95, 16)), 6);
-        assert_eq!(a.choose(&tree(0.05, 16)), 0);
+        let t = tree(0.9, 16);
+        // Before any evidence (go on 0.6): one node pays best at 0.4 of a
+        // pass per extra row.
+        assert_eq!(a.choose(&t), 1);
+        for _ in 0..40 {
+            a.record_acceptance(8, false);
+        }
+        assert!(a.choose(&t) >= 12, "{}", a.choose(&t));
+        for _ in 0..40 {
+            a.record_acceptance(0, true);
+        }
+        assert_eq!(a.choose(&t), 0);
         assert_eq!(a.choose(&TokenTree::default()), 0);
+    }
+
+    #[test]
+    fn siblings_share_the_reach_of_their_parent() {
+        let mut a = Adaptive::new(16);
+        a.record_pass(1, 0.010);
+        for _ in 0..40 {
+            a.record_acceptance(8, false);
+        }
+        // Four different first tokens: at most one can be right, so a wide
+        // tree is worth less than a deep one.
+        let wide = TokenTree::build(
+            &(0..4u32)
+                .map(|i| Draft::uniform(vec![i, 10 + i, 20 + i, 30 + i], 0.9))
+                .collect::<Vec<_>>(),
+            64,
+        );
+        let deep = tree(0.9, 16);
+        assert!(a.choose(&wide) < a.choose(&deep));
     }
 
     #[test]
@@ -168,10 +233,10 @@ mod tests {
     fn failing_drafts_fall_back_to_plain_with_rare_probes() {
         let mut a = Adaptive::new(16);
         a.record_pass(1, 0.010);
-        for _ in 0..50 {
-            a.record_acceptance(3.0, 0);
-        }
         let t = tree(0.9, 16);
+        for _ in 0..50 {
+            a.record_acceptance(0, true);
+        }
         let chosen: Vec<usize> = (0..64).map(|_| a.choose(&t)).collect();
         let drafted: usize = chosen.iter().sum();
         assert_eq!(drafted, (64 / PROBE_EVERY) * PROBE_NODES, "{chosen:?}");

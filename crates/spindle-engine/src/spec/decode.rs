@@ -162,6 +162,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             // Walk: row 0 is the pending token; tree node i is row i + 1.
             let mut path = vec![0usize];
             let mut node = None;
+            let mut rejected = false;
             pending = loop {
                 let row = *path.last().expect("the path starts at the root");
                 let step = self.step(logits.row(row).expect("every row asked"), max_len);
@@ -173,12 +174,15 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
                         node = Some(c);
                         path.push(c + 1);
                     }
-                    None => break Step::Continue(t),
+                    None => {
+                        rejected = tree.nodes.iter().any(|n| n.parent == node);
+                        break Step::Continue(t);
+                    }
                 }
             };
             let accepted = path.len() - 1;
             stats.accepted += accepted;
-            policy.record_acceptance(tree.expected_accepted() as f64, accepted);
+            policy.record_acceptance(accepted, rejected);
             kv.commit(self.seq, &path)?;
         };
         stats.gen_tokens = self.out.len();

@@ -72,8 +72,13 @@ impl Drafter for NgramDrafter {
             let prior = Self::prior(n);
             let mut drafts: Vec<Draft> = Vec::new();
             for &i in &starts {
+                // What followed, read on into the drafted tokens themselves
+                // where it reaches the end (a loop continues as a loop).
                 let from = i + n;
-                let tokens: Vec<u32> = history[from..(from + max_len).min(len)].to_vec();
+                let mut tokens: Vec<u32> = Vec::with_capacity(max_len);
+                for k in from..from + max_len {
+                    tokens.push(if k < len { history[k] } else { tokens[k - len] });
+                }
                 if drafts.iter().any(|d| d.tokens.starts_with(&tokens)) {
                     continue;
                 }
@@ -104,6 +109,9 @@ mod tests {
         let h = [1, 2, 3, 4, 9, 8, 2, 3, 7, 5, 1, 2, 3];
         let drafts = d.propose(&h, 3).unwrap();
         assert_eq!(drafts[0].tokens, vec![4, 9, 8]);
+        // A loop drafts on past the end of the text: "7 1 2 | 7 1" -> "2 7 1 2".
+        let drafts = d.propose(&[7, 1, 2, 7, 1], 4).unwrap();
+        assert_eq!(drafts[0].tokens, vec![2, 7, 1, 2]);
         assert_eq!(drafts.len(), 1, "one occurrence of the 3-token suffix");
     }
 
