@@ -15,7 +15,8 @@ pub struct SpecArgs {
     /// Speculative decoding: auto (n-gram drafting, tree size chosen each
     /// step from pass costs and acceptance), ngram (the same), draft:PATH (a
     /// smaller model with the same vocabulary, with n-gram drafts merged in),
-    /// or off. The output is the same in every mode.
+    /// self (the model itself with every other layer skipped, as a draft
+    /// model), or off. The output is the same in every mode.
     #[arg(long, default_value = "auto")]
     pub spec: String,
     /// Most drafted tokens verified in one pass (1 to 64).
@@ -28,6 +29,7 @@ pub enum SpecMode {
     Off,
     Ngram,
     DraftModel(PathBuf),
+    SelfDraft,
 }
 
 impl SpecArgs {
@@ -41,9 +43,10 @@ impl SpecArgs {
         Ok(match self.spec.as_str() {
             "off" => SpecMode::Off,
             "auto" | "ngram" => SpecMode::Ngram,
+            "self" => SpecMode::SelfDraft,
             s => match s.strip_prefix("draft:") {
                 Some(p) if !p.is_empty() => SpecMode::DraftModel(PathBuf::from(p)),
-                _ => bail!("--spec '{s}' is not one of auto, ngram, draft:PATH, off"),
+                _ => bail!("--spec '{s}' is not one of auto, ngram, draft:PATH, self, off"),
             },
         })
     }
@@ -64,6 +67,18 @@ impl SpecArgs {
                     .with_context(|| format!("cannot load the draft model {}", path.display()))?;
                 let d = DraftModelDrafter::new(draft.model, ctx)?;
                 d.check_vocab(target.config.vocab_size)?;
+                Some(Box::new(Combined::new(vec![
+                    Box::new(d),
+                    Box::new(NgramDrafter::default()),
+                ])))
+            }
+            SpecMode::SelfDraft => {
+                // The first and last layers and every other one between.
+                let n = target.config.n_layers;
+                let keep: Vec<usize> = (0..n)
+                    .filter(|&l| l == 0 || l + 1 == n || l % 2 == 0)
+                    .collect();
+                let d = DraftModelDrafter::new(target.with_layers(&keep, threads)?, ctx)?;
                 Some(Box::new(Combined::new(vec![
                     Box::new(d),
                     Box::new(NgramDrafter::default()),

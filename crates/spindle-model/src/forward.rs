@@ -122,6 +122,31 @@ impl Model {
         }
     }
 
+    /// The same model running only the decoder layers in `keep` (in
+    /// order), sharing this one's weights: a self-draft model, cheaper per
+    /// token and close to the full model when the skipped layers matter
+    /// little. Errors when `keep` is empty, unordered or out of range.
+    pub fn with_layers(&self, keep: &[usize], n_threads: usize) -> Result<Model, ModelError> {
+        let n = self.config.n_layers;
+        if keep.is_empty() || keep.windows(2).any(|w| w[0] >= w[1]) || keep.iter().any(|&l| l >= n)
+        {
+            return Err(ModelError::InvalidBatch(format!(
+                "layers to keep {keep:?} must be increasing indices below {n}"
+            )));
+        }
+        let mut config = self.config.clone();
+        config.n_layers = keep.len();
+        config.layer_sliding = keep.iter().map(|&l| self.config.layer_sliding[l]).collect();
+        let mut weights = self.weights.clone();
+        weights.layers = keep
+            .iter()
+            .map(|&l| self.weights.layers[l].clone())
+            .collect();
+        let mut model = Model::new(config, weights, n_threads);
+        model.isa = self.isa;
+        Ok(model)
+    }
+
     /// Runs every kernel on `isa` instead of the detected one (for tests
     /// that compare paths). Errors when this CPU lacks it.
     pub fn set_isa(&mut self, isa: Isa) -> Result<(), ModelError> {

@@ -35,7 +35,9 @@ impl Matrix {
     }
 }
 
-/// The weights of one decoder layer.
+/// The weights of one decoder layer (cheap to clone: matrices are ranges of
+/// shared storage).
+#[derive(Clone)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
     pub wq: Matrix,
@@ -56,6 +58,7 @@ pub struct LayerWeights {
 }
 
 /// All weights of a model.
+#[derive(Clone)]
 pub struct Weights {
     pub embed: Matrix,
     pub output: Matrix,

@@ -296,3 +296,36 @@ fn sequence_slots_are_fixed_and_reused() {
     let want = 2 * 16 * m.model.config.n_layers * cache.kv_dim() * elem * 2;
     assert_eq!(cache.layout().bytes(), want);
 }
+
+/// A model restricted to some of its layers shares the weights: with every
+/// layer kept it is the same model bit for bit; with fewer it differs (and
+/// stays finite); bad layer lists are errors.
+#[test]
+fn layer_subsets_share_weights() {
+    let (_, path) = sources("gemma3")[1].clone();
+    let m = load(&path, 1);
+    let n = m.model.config.n_layers;
+    let ids: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 200).collect();
+    let logits = |model: &spindle_model::Model| {
+        let mut cache = model.new_kv_cache(model.default_kv_type(), 64, 1);
+        let seq = cache.add_sequence().unwrap();
+        let mut b = Batch::new();
+        b.push_chain(seq, 0, &ids, |i| i + 1 == ids.len());
+        model
+            .forward(&b, &mut cache)
+            .unwrap()
+            .row(ids.len() - 1)
+            .unwrap()
+            .to_vec()
+    };
+    let want = logits(&m.model);
+    let all: Vec<usize> = (0..n).collect();
+    assert!(logits(&m.model.with_layers(&all, 1).unwrap()) == want);
+    let fewer = m.model.with_layers(&[0, n - 1], 1).unwrap();
+    assert_eq!(fewer.config.n_layers, 2);
+    let got = logits(&fewer);
+    assert!(got != want && got.iter().all(|v| v.is_finite()));
+    assert!(m.model.with_layers(&[], 1).is_err());
+    assert!(m.model.with_layers(&[1, 0], 1).is_err());
+    assert!(m.model.with_layers(&[n], 1).is_err());
+}

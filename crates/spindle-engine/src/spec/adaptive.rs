@@ -56,6 +56,12 @@ pub struct Adaptive {
     plain_streak: usize,
     /// Always verify the whole budget (no adaptation).
     fixed: bool,
+    /// Seconds the drafter spends per drafted token, running (0 for n-gram
+    /// lookup; most of a pass for a draft model).
+    draft_token_seconds: f64,
+    /// [`Adaptive::draft_len`] asked for a probe: verify it whatever it is
+    /// worth.
+    probing: bool,
 }
 
 impl Adaptive {
@@ -68,6 +74,8 @@ impl Adaptive {
             go_on: GO_ON_PRIOR,
             plain_streak: 0,
             fixed: false,
+            draft_token_seconds: 0.0,
+            probing: false,
         }
     }
 
@@ -92,6 +100,9 @@ impl Adaptive {
     pub fn choose(&mut self, tree: &TokenTree) -> usize {
         if self.fixed {
             return tree.len().min(self.max_nodes);
+        }
+        if std::mem::take(&mut self.probing) {
+            return PROBE_NODES.min(tree.len()).min(self.max_nodes);
         }
         // Measured reach of every node (parents come first), taken in the
         // order the budget cut keeps nodes.
@@ -143,6 +154,43 @@ impl Adaptive {
             self.plain_streak = 0;
         }
         best.0
+    }
+
+    /// How many tokens to ask the drafter for (at most `max`): the chain
+    /// length that maximises expected tokens per second once drafting time
+    /// counts too. 0 when drafting cannot pay (then only a probe drafts, as
+    /// in [`Adaptive::choose`]).
+    pub fn draft_len(&mut self, max: usize) -> usize {
+        if self.fixed || max == 0 {
+            return max;
+        }
+        let mut best = (0usize, MIN_GAIN / self.pass_seconds(1));
+        let (mut tokens, mut reach) = (1.0, 1.0);
+        for len in 1..=max {
+            reach *= self.go_on;
+            tokens += reach;
+            let t = self.pass_seconds(1 + len) + self.draft_token_seconds * len as f64;
+            if tokens / t > best.1 {
+                best = (len, tokens / t);
+            }
+        }
+        if best.0 == 0 {
+            self.plain_streak += 1;
+            if self.plain_streak >= PROBE_EVERY {
+                self.plain_streak = 0;
+                self.probing = true;
+                return PROBE_NODES.min(max);
+            }
+        }
+        best.0
+    }
+
+    /// The drafter took `seconds` to draft `tokens` tokens.
+    pub fn record_draft(&mut self, tokens: usize, seconds: f64) {
+        if tokens > 0 {
+            let per = seconds / tokens as f64;
+            self.draft_token_seconds += EMA * (per - self.draft_token_seconds);
+        }
     }
 
     /// A pass of `rows` rows took `seconds`.
@@ -214,6 +262,25 @@ mod tests {
         );
         let deep = tree(0.9, 16);
         assert!(a.choose(&wide) < a.choose(&deep));
+    }
+
+    #[test]
+    fn costly_drafters_draft_less() {
+        let mut a = Adaptive::new(16);
+        a.record_pass(1, 0.010);
+        for _ in 0..40 {
+            a.record_acceptance(8, false);
+        }
+        let free = a.draft_len(16);
+        assert!(free >= 8, "{free}");
+        // A draft model costing most of a pass per token.
+        for _ in 0..40 {
+            a.record_draft(4, 4.0 * 0.009);
+        }
+        assert_eq!(a.draft_len(16), 0);
+        // Still probed now and then.
+        let probes = (0..64).filter(|_| a.draft_len(16) > 0).count();
+        assert_eq!(probes, 64 / PROBE_EVERY);
     }
 
     #[test]

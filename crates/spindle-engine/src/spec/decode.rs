@@ -127,8 +127,13 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             let depth = MAX_DEPTH
                 .min(self.req.max_tokens - self.out.len())
                 .min(max_len.saturating_sub(p + 2));
-            let drafts = if depth > 0 {
-                drafter.propose(&self.history, depth)?
+            let ask = policy.draft_len(depth);
+            let drafts = if ask > 0 {
+                let t = Instant::now();
+                let drafts = drafter.propose(&self.history, ask)?;
+                let drafted: usize = drafts.iter().map(|d| d.tokens.len()).sum();
+                policy.record_draft(drafted, t.elapsed().as_secs_f64());
+                drafts
             } else {
                 Vec::new()
             };
