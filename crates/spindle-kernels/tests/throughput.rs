@@ -101,6 +101,9 @@ fn layer_rows_throughput() {
     for n in [1, 2, 4, 9, 16, 64] {
         bench(&pool, GgmlType::Q4_K, 640, 2048, n, 0.5);
     }
+    for n in [4, 9, 16, 64] {
+        bench(&pool, GgmlType::Q8_0, 2048, 640, n, 0.5);
+    }
 }
 
 /// GB/s of a plain read of `data` split over the pool's threads: the memory
