@@ -4,11 +4,12 @@ use std::io::{BufRead, Write};
 
 use anyhow::Result;
 use clap::Args;
-use spindle_engine::{generate, GenerateRequest};
+use spindle_engine::GenerateRequest;
 use spindle_model::chat_template::ChatMessage;
 
 use crate::commands::run::encode_chat;
 use crate::options::{tokenizer, ModelArgs, SamplingArgs};
+use crate::spec::{generate_with, SpecArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -22,6 +23,8 @@ pub struct ChatArgs {
     pub n: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
@@ -29,6 +32,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let mut kv = args.model.kv_cache(&loaded, None)?;
+    let mut drafter = args
+        .spec
+        .drafter(&loaded.model, kv.max_len(), args.model.threads())?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
         messages.push(ChatMessage {
@@ -65,13 +71,21 @@ pub fn run(args: ChatArgs) -> Result<()> {
             stop_ids: tok.stop_ids(),
         };
         let mut decoder = tok.stream_decoder();
-        let out = match generate(&loaded.model, &mut kv, &req, |id| {
-            if let Some(p) = decoder.push(id) {
-                let _ = stdout.write_all(p.as_bytes());
-                let _ = stdout.flush();
-            }
-            true
-        }) {
+        let budget = args.spec.spec_budget;
+        let out = match generate_with(
+            &loaded.model,
+            &mut kv,
+            &req,
+            drafter.as_mut(),
+            budget,
+            |id| {
+                if let Some(p) = decoder.push(id) {
+                    let _ = stdout.write_all(p.as_bytes());
+                    let _ = stdout.flush();
+                }
+                true
+            },
+        ) {
             Ok(out) => out,
             Err(e) => {
                 // Keep the session alive: drop the turn and say why.
