@@ -41,7 +41,24 @@ enum Command {
     Plan(commands::plan::PlanArgs),
 }
 
+/// Dies quietly on a closed stdout (`spindle plan ... | head`), like other
+/// command-line tools, instead of panicking in `println!`.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    {
+        extern "C" {
+            fn signal(signum: std::ffi::c_int, handler: usize) -> usize;
+        }
+        const SIGPIPE: std::ffi::c_int = 13;
+        const SIG_DFL: usize = 0;
+        // SAFETY: resetting a signal to its default action has no
+        // preconditions; no handler of ours is involved.
+        unsafe { signal(SIGPIPE, SIG_DFL) };
+    }
+}
+
 fn main() {
+    restore_sigpipe();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("SPINDLE_LOG"))
         .with_writer(std::io::stderr)
