@@ -177,8 +177,8 @@ fn perplexity_json_and_context_errors() {
 }
 
 /// Speculative decoding (the default) emits plain decoding's tokens, greedy
-/// and sampled, and reports its statistics; on repetitive text it commits
-/// several tokens per pass.
+/// and sampled, and reports its statistics. (How much it drafts depends on
+/// measured pass times, so speed is left to `bench/spec`.)
 #[test]
 fn speculative_run_equals_plain_run() {
     let Some(m) = model() else { return };
@@ -216,11 +216,6 @@ fn speculative_run_equals_plain_run() {
             assert!(s[key].is_number(), "stats.{key}");
         }
         assert_eq!(plain["stats"]["drafted"], 0);
-        if temp == "0" {
-            assert!(
-                s["tokens_per_pass"].as_f64().unwrap() > 1.5,
-                "repetitive code, greedy: {s}"
-            );
-        }
+        assert!(s["accepted"].as_u64().unwrap() <= s["drafted"].as_u64().unwrap());
     }
 }

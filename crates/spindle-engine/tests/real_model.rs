@@ -236,7 +236,7 @@ fn speculative_decoding_equals_plain_on_the_real_model() {
             let mut plain_kv = m.model.new_kv_cache(m.model.default_kv_type(), 1024, 1);
             let seq = plain_kv.add_sequence().unwrap();
             let want = generate_on(&m.model, &mut plain_kv, seq, &req, &mut |_| true).unwrap();
-            for mut policy in [Adaptive::new(16), Adaptive::fixed(8)] {
+            for (fixed, mut policy) in [(false, Adaptive::new(16)), (true, Adaptive::fixed(8))] {
                 let mut kv = m.model.new_kv_cache(m.model.default_kv_type(), 1024, 1);
                 let seq = kv.add_sequence().unwrap();
                 let got = generate_speculative_on(
@@ -252,7 +252,10 @@ fn speculative_decoding_equals_plain_on_the_real_model() {
                 assert_eq!(got.tokens, want.tokens, "{name} {sampler:?}");
                 assert_eq!(got.finish, want.finish);
                 assert!(kv_bits(&kv) == kv_bits(&plain_kv), "{name}: KV differs");
-                accepted += got.stats.accepted;
+                if fixed {
+                    // Fixed budgets draft the same whatever the timing.
+                    accepted += got.stats.accepted;
+                }
             }
         }
     }

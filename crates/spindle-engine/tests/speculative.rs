@@ -161,8 +161,11 @@ fn ngram_speculation_equals_plain_decoding() {
                     assert_eq!(got.tokens, want.tokens, "{what}");
                     assert_eq!(got.finish, want.finish, "{what}");
                     assert!(kv_bits(&got_kv) == kv_bits(&want_kv), "{what}: KV differs");
-                    drafted += got.stats.drafted;
-                    accepted += got.stats.accepted;
+                    // Fixed budgets draft the same whatever the timing.
+                    if k > 0 {
+                        drafted += got.stats.drafted;
+                        accepted += got.stats.accepted;
+                    }
                 }
             }
         }
