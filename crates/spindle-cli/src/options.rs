@@ -85,19 +85,7 @@ impl ModelArgs {
         let requested = self.ctx.or(default);
         let ctx = match (requested, self.kv_memory) {
             (Some(c), _) => c as u64,
-            (None, Some(_)) => {
-                // The longest context (up to the model's) whose KV fits.
-                let (mut lo, mut hi) = (0u64, shape.context_length.max(1));
-                while lo < hi {
-                    let mid = lo + (hi - lo).div_ceil(2);
-                    if kv_fits(mid) {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                lo
-            }
+            (None, Some(budget)) => shape.max_ctx_for_kv(budget, 1, PlanKv::F16),
             (None, None) => {
                 let p = plan_for(shape.context_length);
                 if p.fits {

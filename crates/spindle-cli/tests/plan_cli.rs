@@ -2,26 +2,13 @@
 //! header-only planning, the prediction against measured peak memory, and
 //! `run` refusing a context that cannot fit before it loads anything.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn model() -> Option<PathBuf> {
-    let home = std::env::var_os("SPINDLE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle")
-        });
-    let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
-        "{} missing",
-        p.display()
-    );
-    eprintln!("skipping: {} not found (run `spindle pull`)", p.display());
-    None
+    common::real_model()
 }
 
 fn spindle(args: &[&str]) -> Output {

@@ -281,7 +281,7 @@ pub(crate) fn total_bytes(
 
 /// The largest `x` in `1..=hi` with `fits(x)`, for `fits` true up to some
 /// point and false after; 0 when even 1 does not fit.
-fn largest(hi: u64, fits: impl Fn(u64) -> bool) -> u64 {
+pub(crate) fn largest(hi: u64, fits: impl Fn(u64) -> bool) -> u64 {
     if hi == 0 || !fits(1) {
         return 0;
     }

@@ -370,6 +370,14 @@ impl ModelShape {
     pub fn kv_bytes(&self, ctx: u64, batch: u64, kv: KvType) -> u64 {
         self.kv_bytes_per_seq(ctx, kv).saturating_mul(batch)
     }
+
+    /// The longest context (up to the model's) whose KV cache for `batch`
+    /// sequences fits in `budget` bytes; 0 when not even one token does.
+    pub fn max_ctx_for_kv(&self, budget: u64, batch: u64, kv: KvType) -> u64 {
+        crate::memory::largest(self.context_length, |ctx| {
+            self.kv_bytes(ctx, batch, kv) <= budget
+        })
+    }
 }
 
 fn scalar_or_first(v: &MetaValue) -> Option<u64> {
