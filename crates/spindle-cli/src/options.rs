@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use spindle_engine::SamplerConfig;
 use spindle_model::tokenizer::Tokenizer;
-use spindle_model::{KvCache, LoadedModel};
+use spindle_model::{KvCache, KvType, LoadedModel, Model};
 use spindle_plan::{Device, EngineProfile, KvType as PlanKv, ModelShape, PlanRequest};
 
 use crate::home;
@@ -26,6 +26,10 @@ pub struct ModelArgs {
     /// context needs). Without --ctx, the context is the longest that fits.
     #[arg(long = "kv-memory", value_parser = parse_size)]
     pub kv_memory: Option<u64>,
+    /// Element type of the KV cache: f16, q8_0 (about half the memory, a
+    /// little less exact) or f32 (default: f16, f32 for float32 models).
+    #[arg(long = "kv-type")]
+    pub kv_type: Option<String>,
 }
 
 impl ModelArgs {
@@ -71,21 +75,22 @@ impl ModelArgs {
             .with_context(|| format!("cannot plan {}", path.display()))?;
         let device = Device::cpu()?;
         let profile = EngineProfile::cpu_with_threads(self.threads() as u64);
+        let kv = self.plan_kv_type()?;
         let plan_for = |ctx: u64| {
             spindle_plan::plan(
                 &shape,
-                &PlanRequest::new(ctx.max(1), 1, PlanKv::F16, device.clone()),
+                &PlanRequest::new(ctx.max(1), 1, kv, device.clone()),
                 &profile,
             )
         };
         let kv_fits = |ctx: u64| {
             self.kv_memory
-                .is_none_or(|m| shape.kv_bytes(ctx, 1, PlanKv::F16) <= m)
+                .is_none_or(|m| shape.kv_bytes(ctx, 1, kv) <= m)
         };
         let requested = self.ctx.or(default);
         let ctx = match (requested, self.kv_memory) {
             (Some(c), _) => c as u64,
-            (None, Some(budget)) => shape.max_ctx_for_kv(budget, 1, PlanKv::F16),
+            (None, Some(budget)) => shape.max_ctx_for_kv(budget, 1, kv),
             (None, None) => {
                 let p = plan_for(shape.context_length);
                 if p.fits {
@@ -100,7 +105,7 @@ impl ModelArgs {
             bail!(
                 "the KV cache of a {ctx}-token context needs {} but --kv-memory grants {}: \
                  lower --ctx or raise --kv-memory\n\n{}",
-                spindle_plan::human_bytes(shape.kv_bytes(ctx.max(1), 1, PlanKv::F16)),
+                spindle_plan::human_bytes(shape.kv_bytes(ctx.max(1), 1, kv)),
                 spindle_plan::human_bytes(self.kv_memory.unwrap_or(0)),
                 plan.render_table()
             );
@@ -119,12 +124,29 @@ impl ModelArgs {
         Ok(ctx as usize)
     }
 
+    /// The KV element type: `--kv-type`, else the model's default.
+    pub fn kv_type(&self, model: &Model) -> Result<KvType> {
+        let ty = match self.kv_type.as_deref() {
+            None => model.default_kv_type(),
+            Some(s) => KvType::parse(s)
+                .ok_or_else(|| anyhow!("--kv-type '{s}' is not one of f16, q8_0, f32"))?,
+        };
+        check_kv_type(model, ty)?;
+        Ok(ty)
+    }
+
+    /// The KV type the planner plans with.
+    fn plan_kv_type(&self) -> Result<PlanKv> {
+        Ok(PlanKv::parse(self.kv_type.as_deref().unwrap_or("f16"))?)
+    }
+
     /// A KV cache for `loaded`, sized by [`ModelArgs::planned_ctx`].
     pub fn kv_cache(&self, loaded: &LoadedModel, default: Option<usize>) -> Result<KvCache> {
         let model = &loaded.model;
+        let ty = self.kv_type(model)?;
         let path = self.resolve()?;
         let ctx = self.planned_ctx(&path, default)?;
-        Ok(model.new_kv_cache(model.default_kv_type(), ctx, 1))
+        Ok(model.new_kv_cache(ty, ctx, 1))
     }
 }
 
@@ -139,6 +161,15 @@ impl ModelArgs {
             None => anyhow!("the model file has no tokenizer"),
         })
     }
+}
+
+/// Errors unless `model` can store its KV as `ty`.
+pub fn check_kv_type(model: &Model, ty: KvType) -> Result<()> {
+    let kv_dim = model.config.kv_dim();
+    if !ty.supports(kv_dim) {
+        bail!("a q8_0 KV cache stores blocks of 32 values, and this model's KV rows have {kv_dim}: use --kv-type f16");
+    }
+    Ok(())
 }
 
 /// A size in bytes: a plain number, or with K/M/G/T (powers of 1024, also

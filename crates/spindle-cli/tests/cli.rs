@@ -185,6 +185,44 @@ fn bad_arguments_are_clear() {
         &["score", "-m", m.to_str().unwrap(), "--ids", "1,999999"],
         "outside the vocabulary",
     );
+    fails_with(
+        &[
+            "score",
+            "-m",
+            m.to_str().unwrap(),
+            "--ids",
+            "1,2",
+            "--kv-type",
+            "q4",
+        ],
+        "not one of f16, q8_0, f32",
+    );
+    fails_with(
+        &[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "a",
+            "--spec",
+            "maybe",
+        ],
+        "not one of auto, ngram",
+    );
+    // gemma3's tiny KV rows have 16 values: not whole q8_0 blocks.
+    let g = tiny("gemma3").join("model.gguf");
+    fails_with(
+        &[
+            "score",
+            "-m",
+            g.to_str().unwrap(),
+            "--ids",
+            "1,2",
+            "--kv-type",
+            "q8_0",
+        ],
+        "blocks of 32",
+    );
 }
 
 #[test]

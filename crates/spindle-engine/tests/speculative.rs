@@ -68,6 +68,12 @@ fn kv_bits(kv: &KvCache) -> (usize, Vec<Vec<u32>>) {
         match b {
             KvBuf::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
             KvBuf::F16(v) => v.iter().map(|x| x.to_bits() as u32).collect(),
+            KvBuf::Q8_0(v) => v
+                .iter()
+                .flat_map(|b| {
+                    std::iter::once(b.d.to_bits() as u32).chain(b.qs.iter().map(|&q| q as u32))
+                })
+                .collect(),
         }
     };
     let layers = s

@@ -540,6 +540,15 @@ impl Model {
                 match buf {
                     KvBuf::F32(s) => d.copy_from_slice(&s[src]),
                     KvBuf::F16(s) => f16::load(&s[src], d),
+                    // Whole blocks: ranges and chunks are multiples of 32.
+                    KvBuf::Q8_0(s) => {
+                        for (b, o) in s[src.start / 32..src.end / 32]
+                            .iter()
+                            .zip(d.chunks_exact_mut(32))
+                        {
+                            b.dequantize(o);
+                        }
+                    }
                 }
                 done += n;
             }

@@ -292,8 +292,8 @@ fn sequence_slots_are_fixed_and_reused() {
     let c = cache.add_sequence().unwrap();
     assert_eq!(cache.seq_len(c), 0);
     // Keys and values, 16 tokens, every layer, 2 sequences.
-    let elem = cache.kv_type().bytes();
-    let want = 2 * 16 * m.model.config.n_layers * cache.kv_dim() * elem * 2;
+    let row = cache.kv_type().row_bytes(cache.kv_dim());
+    let want = 2 * 16 * m.model.config.n_layers * row * 2;
     assert_eq!(cache.layout().bytes(), want);
 }
 
@@ -328,4 +328,73 @@ fn layer_subsets_share_weights() {
     assert!(m.model.with_layers(&[], 1).is_err());
     assert!(m.model.with_layers(&[1, 0], 1).is_err());
     assert!(m.model.with_layers(&[n], 1).is_err());
+}
+
+/// A q8_0 KV cache: every row of a tree still gets the bits of its own path
+/// run alone (rows of the pass are read back as stored), and the logits stay
+/// close to those of the f32 cache of these float models.
+#[test]
+fn q8_0_kv_keeps_the_one_pass_rule_and_stays_close() {
+    use spindle_model::KvType;
+    for arch in ["llama", "qwen2"] {
+        let (_, path) = sources(arch)[1].clone();
+        let m = load(&path, 2);
+        assert!(KvType::Q8_0.supports(m.model.config.kv_dim()));
+        let prompt: Vec<u32> = (0..13).map(|i| (i * 41 + 7) % 200).collect();
+        let path_toks = [5u32, 6, 7];
+        let run = |ty: KvType, tree: bool| -> Vec<f32> {
+            let mut cache = m.model.new_kv_cache(ty, 64, 2);
+            let seq = cache.add_sequence().unwrap();
+            let mut b = Batch::new();
+            let rows = b.push_chain(seq, 0, &prompt, |_| false);
+            m.model.forward(&b, &mut cache).unwrap();
+            cache.commit(seq, &rows.collect::<Vec<_>>()).unwrap();
+            let mut b = Batch::new();
+            let p = prompt.len();
+            if tree {
+                // A sibling branch beside the path.
+                b.push(Row {
+                    token: 99,
+                    pos: p,
+                    seq,
+                    parent: None,
+                    logits: true,
+                });
+            }
+            let r = b.push_chain(seq, p, &path_toks, |_| true);
+            let last = r.end - 1;
+            if tree {
+                b.push(Row {
+                    token: 98,
+                    pos: p + 1,
+                    seq,
+                    parent: Some(r.start),
+                    logits: true,
+                });
+            }
+            m.model
+                .forward(&b, &mut cache)
+                .unwrap()
+                .row(last)
+                .unwrap()
+                .to_vec()
+        };
+        let alone = run(KvType::Q8_0, false);
+        assert!(run(KvType::Q8_0, true) == alone, "{arch}: tree row differs");
+        let exact = run(KvType::F32, false);
+        let worst = alone
+            .iter()
+            .zip(&exact)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        let scale = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(
+            worst < 0.05 * scale.max(1.0),
+            "{arch}: q8_0 KV off by {worst}"
+        );
+        assert!(
+            alone != exact,
+            "{arch}: q8_0 rounding should show somewhere"
+        );
+    }
 }

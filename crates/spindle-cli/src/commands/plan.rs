@@ -23,9 +23,6 @@ pub struct PlanArgs {
     /// Sequences decoded together.
     #[arg(long, default_value_t = 1)]
     pub batch: u64,
-    /// Element type of the KV cache: f16, q8_0 or f32.
-    #[arg(long = "kv-type", default_value = "f16")]
-    pub kv_type: String,
     /// cpu, h100, h200, a100, l4, rtx4090, m5 or custom:MEM_GiB,BW_GBps,TFLOPS.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -59,7 +56,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         ..PlanRequest::new(
             ctx,
             args.batch,
-            KvType::parse(&args.kv_type)?,
+            KvType::parse(args.model.kv_type.as_deref().unwrap_or("f16"))?,
             Device::parse(&args.device)?,
         )
     };
@@ -115,14 +112,13 @@ fn measure(args: &PlanArgs, path: &std::path::Path, plan: &Plan) -> Result<u64> 
     let kv_type = match plan.kv_type {
         KvType::F16 => spindle_model::KvType::F16,
         KvType::F32 => spindle_model::KvType::F32,
-        other => {
-            bail!("the CPU engine stores KV as f16 or f32, not {other}: --measure cannot run it")
-        }
+        KvType::Q8_0 => spindle_model::KvType::Q8_0,
     };
     let loaded = spindle_model::load(path, args.model.threads())
         .with_context(|| format!("cannot load {}", path.display()))?;
     let (ctx, batch) = (plan.ctx as usize, plan.batch as usize);
     let model = &loaded.model;
+    crate::options::check_kv_type(model, kv_type)?;
     let mut kv = model.new_kv_cache(kv_type, ctx, batch);
     run_peak_memory_passes(model, &mut kv, ctx, batch, plan.prefill_chunk as usize)?;
     peak_rss().context("cannot read this process's peak resident memory")
