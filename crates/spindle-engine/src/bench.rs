@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use spindle_model::{Batch, KvCache, Model, Row, SeqId};
+use spindle_model::{Batch, KvCache, Model, Row};
 
 use crate::error::EngineError;
 use crate::sampler::SamplerConfig;
@@ -52,10 +52,6 @@ pub fn bench_tokens(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
         .collect()
 }
 
-fn fresh(kv: &mut KvCache) -> Result<SeqId, EngineError> {
-    Ok(kv.add_sequence()?)
-}
-
 /// Seconds to prefill `p` tokens in one pass (logits for the last row only).
 pub fn time_prefill(
     model: &Model,
@@ -64,7 +60,7 @@ pub fn time_prefill(
     salt: u64,
 ) -> Result<f64, EngineError> {
     let toks = bench_tokens(p, model.config.vocab_size, salt);
-    let seq = fresh(kv)?;
+    let seq = kv.add_sequence()?;
     let mut b = Batch::new();
     b.push_chain(seq, 0, &toks, |i| i + 1 == p);
     let t = Instant::now();
@@ -84,7 +80,7 @@ pub fn time_decode(
     salt: u64,
 ) -> Result<f64, EngineError> {
     let toks = bench_tokens(n + 1, model.config.vocab_size, salt);
-    let seq = fresh(kv)?;
+    let seq = kv.add_sequence()?;
     let run = |kv: &mut KvCache| -> Result<f64, EngineError> {
         let mut b = Batch::new();
         b.push(Row {
@@ -126,7 +122,7 @@ pub fn time_rows(
     reps: usize,
 ) -> Result<Summary, EngineError> {
     let vocab = model.config.vocab_size;
-    let seq = fresh(kv)?;
+    let seq = kv.add_sequence()?;
     let run = |kv: &mut KvCache| -> Result<Summary, EngineError> {
         if context > 0 {
             let ctx = bench_tokens(context, vocab, 7);
@@ -169,7 +165,7 @@ pub fn run_peak_memory_passes(
 ) -> Result<(), EngineError> {
     let vocab = model.config.vocab_size;
     let seqs = (0..batch.max(1))
-        .map(|_| fresh(kv))
+        .map(|_| kv.add_sequence())
         .collect::<Result<Vec<_>, _>>()?;
     let run = |kv: &mut KvCache| -> Result<(), EngineError> {
         // The largest prefill chunk, at the end of the context.

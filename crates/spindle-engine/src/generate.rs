@@ -77,9 +77,7 @@ impl GenerateStats {
             self.gen_tokens as f64 / (self.decode_passes + 1) as f64
         }
     }
-}
 
-impl GenerateStats {
     /// Accepted over drafted (0 when nothing was drafted).
     pub fn acceptance_rate(&self) -> f64 {
         if self.drafted == 0 {

@@ -104,16 +104,6 @@ pub fn activation_terms(
             "PassBuffers.hn: final-normed rows that want logits, f32",
             mul(&[F32, logit_rows, e]),
         ),
-        // forward.rs returns Logits::data, held while the rows are sampled.
-        (
-            "Logits.data: logits of those rows, f32",
-            mul(&[F32, logit_rows, vocab]),
-        ),
-        // sampler.rs: a penalised copy (f32) and the (id, logit) candidates.
-        (
-            "sampler: penalised logits and candidate list",
-            mul(&[12, vocab]),
-        ),
         // kv_cache.rs Scratch: every layer's K and V rows of the pass, stored type.
         (
             "KvCache.scratch: the pass's K/V rows, every layer",
@@ -127,11 +117,6 @@ pub fn activation_terms(
         (
             "KvViews.committed: each sequence's visible K/V widened to f32",
             mul(&[2, F32, batch, visible, kvd]),
-        ),
-        // forward.rs RowPlan::path: a chain row lists all its ancestors.
-        (
-            "RowPlan.path: each row's ancestors in the batch",
-            mul(&[8, (chain * (chain + 1) / 2).max(batch)]),
         ),
     ];
     if quant {
@@ -161,30 +146,43 @@ pub fn activation_terms(
         .saturating_add(mul(&[16, keys]))
         .saturating_add(mul(&[F32, group, shape.head_dim]))
         .saturating_add(mul(&[8, chain]));
-    terms.push((
-        "attention task scratch per thread: scores, key refs, output",
-        mul(&[threads, per_task]),
-    ));
-    terms
+    let term = |name: &str, bytes, phase| Term {
+        name: name.into(),
+        bytes,
+        phase,
+    };
+    let mut terms: Vec<Term> = terms
         .into_iter()
-        .map(|(name, bytes)| Term {
-            name: name.into(),
-            bytes,
-            phase: phase_of(name),
-        })
-        .collect()
-}
-
-/// Transient terms: the prefill chunk's per-row ancestor lists and attention
-/// scratch go before the decode pass makes its logits and samples them.
-fn phase_of(name: &str) -> Phase {
-    if name.starts_with("RowPlan.path") || name.starts_with("attention task scratch") {
-        Phase::Prefill
-    } else if name.starts_with("Logits.data") || name.starts_with("sampler") {
-        Phase::Decode
-    } else {
-        Phase::Always
-    }
+        .map(|(name, bytes)| term(name, bytes, Phase::Always))
+        .collect();
+    // Transients: the prefill chunk's per-row ancestor lists and attention
+    // scratch are gone before the decode pass makes its logits and samples.
+    terms.extend([
+        // forward.rs RowPlan::path: a chain row lists all its ancestors.
+        term(
+            "RowPlan.path: each row's ancestors in the batch",
+            mul(&[8, (chain * (chain + 1) / 2).max(batch)]),
+            Phase::Prefill,
+        ),
+        term(
+            "attention task scratch per thread: scores, key refs, output",
+            mul(&[threads, per_task]),
+            Phase::Prefill,
+        ),
+        // forward.rs returns Logits::data, held while the rows are sampled.
+        term(
+            "Logits.data: logits of those rows, f32",
+            mul(&[F32, logit_rows, vocab]),
+            Phase::Decode,
+        ),
+        // sampler.rs: a penalised copy (f32) and the (id, logit) candidates.
+        term(
+            "sampler: penalised logits and candidate list",
+            mul(&[12, vocab]),
+            Phase::Decode,
+        ),
+    ]);
+    terms
 }
 
 /// Peak of activation terms: what is always live, plus the larger of the
@@ -201,6 +199,21 @@ pub(crate) fn activation_peak(terms: &[Term]) -> u64 {
 
 /// What the engine holds besides weights, KV and activations.
 pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> {
+    let mut terms = fixed_overhead_terms(shape, profile);
+    terms.insert(
+        1,
+        Term {
+            name: "tokenizer, once built (calibrated per vocabulary entry)".into(),
+            bytes: mul(&[profile.tokenizer_bytes_per_entry, shape.vocab_size]),
+            phase: Phase::Always,
+        },
+    );
+    terms
+}
+
+/// The overhead that does not change while loading: runtime, the resident
+/// file copy's header, f32 copies of norms.
+fn fixed_overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> {
     let w = &shape.weights;
     let file_copy = if profile.resident_gguf_copy && w.format == WeightFormat::Gguf {
         w.file_overhead_bytes
@@ -218,10 +231,6 @@ pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> 
             profile.runtime_bytes,
         ),
         term(
-            "tokenizer, once built (calibrated per vocabulary entry)",
-            mul(&[profile.tokenizer_bytes_per_entry, shape.vocab_size]),
-        ),
-        term(
             "GGUF header and padding in the resident file copy",
             file_copy,
         ),
@@ -235,14 +244,10 @@ pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> 
 /// Peak while loading: the weights are read while the tokenizer is built
 /// on another thread, whose transient peak is larger than what it keeps.
 pub(crate) fn load_peak_bytes(shape: &ModelShape, profile: &EngineProfile) -> u64 {
-    let others: u64 = overhead_terms(shape, profile)
-        .iter()
-        .filter(|t| !t.name.starts_with("tokenizer"))
-        .fold(0u64, |a, t| a.saturating_add(t.bytes));
     shape
         .weights
         .bytes
-        .saturating_add(others)
+        .saturating_add(sum(&fixed_overhead_terms(shape, profile)))
         .saturating_add(mul(&[
             profile.tokenizer_build_bytes_per_entry,
             shape.vocab_size,

@@ -96,7 +96,7 @@ impl Adaptive {
     }
 
     /// The number of nodes of `tree` (built with [`Adaptive::max_nodes`]) to
-    /// verify in the next pass.
+    /// verify in the next pass: a budget for [`TokenTree::cut`].
     pub fn choose(&mut self, tree: &TokenTree) -> usize {
         if self.fixed {
             return tree.len().min(self.max_nodes);
@@ -120,14 +120,7 @@ impl Adaptive {
             let share = local(i) / siblings[&n.parent];
             reach[i] = n.parent.map_or(1.0, |p| reach[p]) * self.go_on * share;
         }
-        let mut order: Vec<usize> = (0..tree.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&tree.nodes[a], &tree.nodes[b]);
-            y.reach
-                .total_cmp(&x.reach)
-                .then(x.depth.cmp(&y.depth))
-                .then(a.cmp(&b))
-        });
+        let order = tree.by_likelihood();
         let mut best = (0usize, MIN_GAIN / self.pass_seconds(1));
         let mut sum = 0.0;
         let mut taken = 0;

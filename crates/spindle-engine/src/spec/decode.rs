@@ -138,7 +138,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
                 Vec::new()
             };
             let full = TokenTree::build(&drafts, policy.max_nodes);
-            let tree = TokenTree::build(&drafts, policy.choose(&full));
+            let tree = full.cut(policy.choose(&full));
 
             let mut batch = Batch::new();
             batch.push(Row {

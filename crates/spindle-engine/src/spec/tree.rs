@@ -27,9 +27,14 @@ pub struct TokenTree {
 
 impl TokenTree {
     /// Merges `drafts` into a trie, then keeps the `budget` nodes most likely
-    /// to be reached (a parent is always at least as likely as its children,
-    /// so what is kept is a tree), at most [`MAX_DEPTH`] deep.
+    /// to be reached ([`TokenTree::cut`]), at most [`MAX_DEPTH`] deep.
     pub fn build(drafts: &[super::Draft], budget: usize) -> TokenTree {
+        Self::trie(drafts).cut(budget)
+    }
+
+    /// All of `drafts` merged into a trie (shared prefixes once), at most
+    /// [`MAX_DEPTH`] deep.
+    fn trie(drafts: &[super::Draft]) -> TokenTree {
         let mut all: Vec<Node> = Vec::new();
         for d in drafts {
             let mut parent = None;
@@ -58,14 +63,20 @@ impl TokenTree {
             }
         }
         // A child's reach may have been raised above its parent's by
-        // another draft: cap it, so the cut below keeps whole paths.
+        // another draft: cap it, so a cut keeps whole paths.
         for i in 0..all.len() {
             if let Some(p) = all[i].parent {
                 all[i].reach = all[i].reach.min(all[p].reach);
             }
         }
-        // The most likely nodes; ties go to the shallower (so parents come
-        // first), then to the earlier draft.
+        TokenTree { nodes: all }
+    }
+
+    /// Node indices, most likely to be reached first; ties go to the
+    /// shallower (so parents come before their children), then to the
+    /// earlier node. Any prefix of this order is a tree.
+    pub fn by_likelihood(&self) -> Vec<usize> {
+        let all = &self.nodes;
         let mut order: Vec<usize> = (0..all.len()).collect();
         order.sort_by(|&a, &b| {
             all[b]
@@ -74,6 +85,14 @@ impl TokenTree {
                 .then(all[a].depth.cmp(&all[b].depth))
                 .then(a.cmp(&b))
         });
+        order
+    }
+
+    /// The `budget` nodes most likely to be reached (a parent is always at
+    /// least as likely as its children, so what is kept is a tree).
+    pub fn cut(&self, budget: usize) -> TokenTree {
+        let all = &self.nodes;
+        let mut order = self.by_likelihood();
         order.truncate(budget);
         // Keep insertion order (parents before children), renumbered.
         order.sort_unstable();
@@ -108,12 +127,6 @@ impl TokenTree {
         self.nodes
             .iter()
             .position(|n| n.parent == parent && n.token == token)
-    }
-
-    /// Expected number of drafted tokens accepted: the sum of the reach
-    /// estimates of all nodes.
-    pub fn expected_accepted(&self) -> f32 {
-        self.nodes.iter().map(|n| n.reach).sum()
     }
 }
 
