@@ -78,6 +78,24 @@ impl Logits {
     }
 }
 
+/// Final normed hidden states of the rows of a pass that asked for logits
+/// (see [`Model::forward_hidden`]).
+#[derive(Debug, Clone)]
+pub struct Hidden {
+    pub n_embd: usize,
+    /// Batch row index of each stored row, in batch order.
+    pub rows: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Hidden {
+    /// The hidden state of batch row `row`, if it asked for logits.
+    pub fn row(&self, row: usize) -> Option<&[f32]> {
+        let i = self.rows.iter().position(|&r| r == row)?;
+        Some(&self.data[i * self.n_embd..(i + 1) * self.n_embd])
+    }
+}
+
 /// Per-row facts of a validated batch.
 struct RowPlan {
     /// Committed length of the row's sequence.
@@ -264,6 +282,17 @@ impl Model {
     /// scratch (see [`KvCache::commit`]) and returns logits for the rows that
     /// asked for them.
     pub fn forward(&self, batch: &Batch, kv: &mut KvCache) -> Result<Logits, ModelError> {
+        let hidden = self.forward_hidden(batch, kv)?;
+        self.logits(&hidden, &hidden.rows)
+    }
+
+    /// [`Model::forward`] without the output head: the final normed hidden
+    /// state of every row that asked for logits. [`Model::logits`] then
+    /// computes logits for any subset of them, bit-identical to what
+    /// `forward` returns for those rows, so a caller that turns out to need
+    /// only some rows (a speculative walk that stops early) does not pay the
+    /// head for the others.
+    pub fn forward_hidden(&self, batch: &Batch, kv: &mut KvCache) -> Result<Hidden, ModelError> {
         let cfg = &self.config;
         let plans = self.plan(batch, kv)?;
         let mut clock = OpClock::new(self.profiling);
@@ -283,8 +312,8 @@ impl Model {
             o,
             gate,
             up,
-            hn,
             kv: views,
+            ..
         } = &mut *guard;
         for (buf, len) in [
             (&mut *h, n * e),
@@ -354,20 +383,43 @@ impl Model {
         }
 
         clock.mark("norms, residual");
-        // Output head, only for rows that asked.
         let rows: Vec<usize> = (0..n).filter(|&i| batch.rows[i].logits).collect();
-        hn.resize(rows.len() * e, 0.0);
+        let mut data = vec![0.0f32; rows.len() * e];
         for (j, &i) in rows.iter().enumerate() {
             rms_norm(
                 &h[i * e..(i + 1) * e],
                 &w.output_norm,
                 cfg.rms_eps,
-                &mut hn[j * e..(j + 1) * e],
+                &mut data[j * e..(j + 1) * e],
             );
+        }
+        clock.mark("output norm");
+        self.op_times.add(clock);
+        Ok(Hidden {
+            n_embd: e,
+            rows,
+            data,
+        })
+    }
+
+    /// Logits of the batch rows `rows` (each must be in `hidden.rows`), in
+    /// the order given: the output head over their hidden states.
+    pub fn logits(&self, hidden: &Hidden, rows: &[usize]) -> Result<Logits, ModelError> {
+        let cfg = &self.config;
+        let e = hidden.n_embd;
+        let mut clock = OpClock::new(self.profiling);
+        let mut guard = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let hn = &mut guard.hn;
+        hn.resize(rows.len() * e, 0.0);
+        for (j, &row) in rows.iter().enumerate() {
+            let x = hidden.row(row).ok_or(ModelError::InvalidBatch(format!(
+                "logits asked for batch row {row}, which did not ask for them in the pass"
+            )))?;
+            hn[j * e..(j + 1) * e].copy_from_slice(x);
         }
         let mut data = vec![0.0f32; rows.len() * cfg.vocab_size];
         if !rows.is_empty() {
-            self.matmul(&w.output, hn, rows.len(), &mut data)?;
+            self.matmul(&self.weights.output, hn, rows.len(), &mut data)?;
         }
         if let Some(cap) = cfg.final_softcap {
             soft_cap(&mut data, cap);
@@ -376,7 +428,7 @@ impl Model {
         self.op_times.add(clock);
         Ok(Logits {
             vocab: cfg.vocab_size,
-            rows,
+            rows: rows.to_vec(),
             data,
         })
     }

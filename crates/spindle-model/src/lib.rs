@@ -18,6 +18,6 @@ pub use arch::Family;
 pub use batch::{Batch, Row, SeqId};
 pub use config::ModelConfig;
 pub use error::ModelError;
-pub use forward::{Logits, Model};
+pub use forward::{Hidden, Logits, Model};
 pub use kv_cache::{KvCache, KvLayout, KvType};
 pub use loader::{load, load_tokenizer, LoadedModel};

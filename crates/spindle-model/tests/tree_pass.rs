@@ -330,6 +330,45 @@ fn layer_subsets_share_weights() {
     assert!(m.model.with_layers(&[n], 1).is_err());
 }
 
+/// The output head run later over any subset of a pass's rows, in any
+/// order, gives each row the bits `forward` gives it; rows that did not ask
+/// for logits are refused.
+#[test]
+fn logits_of_any_row_subset_equal_the_whole_pass() {
+    for arch in ["gemma3", "qwen2", "llama"] {
+        for (_, path) in sources(arch) {
+            let m = load(&path, 2);
+            let ids: Vec<u32> = (0..9).map(|i| (i * 13 + 1) % 200).collect();
+            let batch_and_cache = || {
+                let mut cache = m.model.new_kv_cache(m.model.default_kv_type(), 64, 1);
+                let seq = cache.add_sequence().unwrap();
+                let mut b = Batch::new();
+                b.push_chain(seq, 0, &ids, |i| i != 4);
+                (b, cache)
+            };
+            let (b, mut cache) = batch_and_cache();
+            let whole = m.model.forward(&b, &mut cache).unwrap();
+            let (b, mut cache) = batch_and_cache();
+            let hidden = m.model.forward_hidden(&b, &mut cache).unwrap();
+            for subset in [
+                vec![8],
+                vec![0, 1, 2],
+                vec![7, 3, 5],
+                vec![0, 1, 2, 3, 5, 6, 7, 8],
+            ] {
+                let part = m.model.logits(&hidden, &subset).unwrap();
+                for &r in &subset {
+                    assert!(
+                        part.row(r).unwrap() == whole.row(r).unwrap(),
+                        "{arch} row {r} of {subset:?}"
+                    );
+                }
+            }
+            assert!(m.model.logits(&hidden, &[4]).is_err());
+        }
+    }
+}
+
 /// A q8_0 KV cache: every row of a tree still gets the bits of its own path
 /// run alone (rows of the pass are read back as stored), and the logits stay
 /// close to those of the f32 cache of these float models.

@@ -169,6 +169,12 @@ pub fn activation_terms(
             mul(&[threads, per_task]),
             Phase::Prefill,
         ),
+        // forward.rs Hidden::data: forward_hidden's output, read by the head.
+        term(
+            "Hidden.data: final-normed rows that want logits, f32",
+            mul(&[F32, logit_rows, e]),
+            Phase::Decode,
+        ),
         // forward.rs returns Logits::data, held while the rows are sampled.
         term(
             "Logits.data: logits of those rows, f32",
