@@ -39,6 +39,8 @@ enum Command {
     /// Memory (weights, KV, activations, overhead) and speed ceiling from file
     /// headers alone, before anything is loaded.
     Plan(commands::plan::PlanArgs),
+    /// An OpenAI-compatible HTTP server with continuous batching.
+    Serve(commands::serve::ServeArgs),
 }
 
 /// Dies quietly on a closed stdout (`spindle plan ... | head`), like other
@@ -74,6 +76,7 @@ fn main() {
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Plan(a) => commands::plan::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

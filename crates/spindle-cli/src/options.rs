@@ -71,6 +71,17 @@ impl ModelArgs {
     /// what fits in memory. A requested context that does not fit is an
     /// error showing the plan.
     pub fn planned_ctx(&self, path: &Path, default: Option<usize>) -> Result<usize> {
+        self.planned_ctx_for(path, default, 1)
+    }
+
+    /// [`ModelArgs::planned_ctx`] for `batch` sequences of that context
+    /// each (the server's sequence slots).
+    pub fn planned_ctx_for(
+        &self,
+        path: &Path,
+        default: Option<usize>,
+        batch: u64,
+    ) -> Result<usize> {
         let shape = ModelShape::from_path(path)
             .with_context(|| format!("cannot plan {}", path.display()))?;
         let device = Device::cpu()?;
@@ -79,18 +90,18 @@ impl ModelArgs {
         let plan_for = |ctx: u64| {
             spindle_plan::plan(
                 &shape,
-                &PlanRequest::new(ctx.max(1), 1, kv, device.clone()),
+                &PlanRequest::new(ctx.max(1), batch, kv, device.clone()),
                 &profile,
             )
         };
         let kv_fits = |ctx: u64| {
             self.kv_memory
-                .is_none_or(|m| shape.kv_bytes(ctx, 1, kv) <= m)
+                .is_none_or(|m| shape.kv_bytes(ctx, batch, kv) <= m)
         };
         let requested = self.ctx.or(default);
         let ctx = match (requested, self.kv_memory) {
             (Some(c), _) => c as u64,
-            (None, Some(budget)) => shape.max_ctx_for_kv(budget, 1, kv),
+            (None, Some(budget)) => shape.max_ctx_for_kv(budget, batch, kv),
             (None, None) => {
                 let p = plan_for(shape.context_length);
                 if p.fits {
@@ -105,7 +116,7 @@ impl ModelArgs {
             bail!(
                 "the KV cache of a {ctx}-token context needs {} but --kv-memory grants {}: \
                  lower --ctx or raise --kv-memory\n\n{}",
-                spindle_plan::human_bytes(shape.kv_bytes(ctx.max(1), 1, kv)),
+                spindle_plan::human_bytes(shape.kv_bytes(ctx.max(1), batch, kv)),
                 spindle_plan::human_bytes(self.kv_memory.unwrap_or(0)),
                 plan.render_table()
             );

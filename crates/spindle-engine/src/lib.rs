@@ -4,6 +4,7 @@ pub mod bench;
 pub mod error;
 pub mod generate;
 pub mod sampler;
+pub mod scheduler;
 pub mod score;
 pub mod spec;
 

@@ -7,4 +7,5 @@ pub mod plan;
 pub mod pull;
 pub mod run;
 pub mod score;
+pub mod serve;
 pub mod tokenize;

@@ -1,0 +1,104 @@
+//! `spindle serve`: the OpenAI-compatible HTTP server.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use spindle_engine::scheduler::{spawn_engine, EngineConfig};
+use spindle_server::AppState;
+
+use crate::options::{tokenizer, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default; 0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Clients must send `Authorization: Bearer KEY` (also from SPINDLE_API_KEY).
+    #[arg(long = "api-key", env = "SPINDLE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Sequences decoded at once (KV-cache slots).
+    #[arg(long = "max-seqs", default_value_t = 8)]
+    pub max_seqs: usize,
+    /// Rows per forward pass: decode rows first, prompt chunks in the rest.
+    #[arg(long = "max-batch-tokens", default_value_t = 512)]
+    pub max_batch_tokens: usize,
+    /// Requests allowed to wait for a slot; more get 429 with Retry-After.
+    #[arg(long = "max-waiting", default_value_t = 1024)]
+    pub max_waiting: usize,
+    /// Seconds a request may take before it is cancelled.
+    #[arg(long = "request-timeout", default_value_t = 600)]
+    pub request_timeout: u64,
+    /// The model name clients use (default: the file's name without extension).
+    #[arg(long = "served-model-name")]
+    pub served_model_name: Option<String>,
+    /// Serve waiting requests first come, first served instead of taking
+    /// turns between tenants (API keys or `user` fields).
+    #[arg(long)]
+    pub fifo: bool,
+    /// Admit new requests only when the running batch is empty (static
+    /// batching, for comparison).
+    #[arg(long = "static-batching")]
+    pub static_batching: bool,
+}
+
+/// Context per sequence when neither --ctx nor --kv-memory is given.
+const DEFAULT_CTX: usize = 4096;
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if args.max_seqs == 0 || args.max_batch_tokens == 0 {
+        bail!("--max-seqs and --max-batch-tokens must be at least 1");
+    }
+    let path = args.model.resolve()?;
+    let model_ctx = spindle_plan::ModelShape::from_path(&path)
+        .with_context(|| format!("cannot plan {}", path.display()))?
+        .context_length as usize;
+    let default = (args.model.kv_memory.is_none()).then_some(DEFAULT_CTX.min(model_ctx));
+    let ctx = args
+        .model
+        .planned_ctx_for(&path, default, args.max_seqs as u64)?;
+    let loaded = args.model.load()?;
+    let tok = tokenizer(&loaded)?.clone();
+    let ty = args.model.kv_type(&loaded.model)?;
+    let kv = loaded.model.new_kv_cache(ty, ctx, args.max_seqs);
+    let name = args.served_model_name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| loaded.name.clone())
+    });
+    let threads = loaded.model.n_threads();
+    let engine = spawn_engine(
+        loaded.model,
+        kv,
+        EngineConfig {
+            max_batch_tokens: args.max_batch_tokens,
+            max_waiting: args.max_waiting,
+            fair: !args.fifo,
+            static_batching: args.static_batching,
+        },
+    );
+    let mut state = AppState::new(engine, tok, name.clone(), args.api_key.clone());
+    state.request_timeout = Duration::from_secs(args.request_timeout.max(1));
+    let addr = SocketAddr::new(args.host, args.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(spindle_server::serve(state, addr, |bound| {
+        eprintln!(
+            "serving {name} ({threads} threads, {} sequences x {ctx} tokens{}) at http://{bound}/v1",
+            args.max_seqs,
+            if args.api_key.is_some() { ", API key required" } else { "" }
+        );
+        // Scripts wait for this line on stdout.
+        println!("http://{bound}/v1");
+    }))
+    .with_context(|| format!("cannot serve on {addr}"))?;
+    Ok(())
+}

@@ -1,0 +1,335 @@
+"""Checks a live `spindle serve` with the official `openai` Python client.
+
+Run by tests/serve_openai.rs, which starts the servers and passes:
+  SPINDLE_URL        base URL (…/v1) of a server started with --api-key
+  SPINDLE_KEY        that key
+  SPINDLE_SMALL_URL  a server with one sequence slot and one waiting place (429)
+  SPINDLE_MODEL      the served model name
+  SPINDLE_SOLO       JSON: {prompt: text} of `spindle run --temp 0` outputs,
+                     an independent reference for greedy completions
+Each check prints its name; any failure raises.
+"""
+
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import random
+import time
+import urllib.parse
+
+import openai
+
+URL = os.environ["SPINDLE_URL"]
+KEY = os.environ["SPINDLE_KEY"]
+SMALL = os.environ["SPINDLE_SMALL_URL"]
+MODEL = os.environ["SPINDLE_MODEL"]
+SOLO = json.loads(os.environ["SPINDLE_SOLO"])
+ROOT = URL[: -len("/v1")]
+
+client = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=120)
+
+
+def check(name):
+    def wrap(f):
+        t = time.time()
+        f()
+        print(f"ok {name} ({time.time() - t:.1f} s)", flush=True)
+        return f
+
+    return wrap
+
+
+class Reply:
+    def __init__(self, status, headers, body):
+        self.status_code, self.headers, self.text = status, headers, body.decode(errors="replace")
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def connect(base):
+    u = urllib.parse.urlparse(base)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+
+
+def request(method, base, path, body=None, headers=None):
+    """One HTTP request with the standard library (no client-side checks)."""
+    conn = connect(base)
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    conn.request(method, urllib.parse.urlparse(base).path + path, body=body, headers=headers or {})
+    r = conn.getresponse()
+    reply = Reply(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    conn.close()
+    return reply
+
+
+def metrics():
+    """Gauges and counters of /metrics by name (labels and buckets dropped)."""
+    text = request("GET", ROOT, "/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "le=" in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        out[name.split("{")[0]] = float(value)
+    return out
+
+
+def raw(path, body, headers=None):
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    h.update(headers or {})
+    return request("POST", ROOT, path, body, h)
+
+
+@check("models")
+def _():
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL], ids
+
+
+@check("greedy completions equal `spindle run`")
+def _():
+    for prompt, want in SOLO.items():
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        c = r.choices[0]
+        assert c.text == want, (c.text, want)
+        assert c.finish_reason == "length"
+        assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens > 0
+        assert r.usage.total_tokens == r.usage.prompt_tokens + 24
+
+
+@check("chat: streamed deltas add up to the whole reply, usage at the end")
+def _():
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    whole = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0)
+    text = whole.choices[0].message.content
+    assert whole.choices[0].message.role == "assistant" and text
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=msgs,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text, (streamed, text)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason], finishes
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+@check("n > 1 and seed reproducibility")
+def _():
+    args = dict(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0.9, top_p=0.95, n=3, seed=7)
+    a = client.completions.create(**args)
+    b = client.completions.create(**args)
+    assert sorted(c.index for c in a.choices) == [0, 1, 2]
+    ta = [c.text for c in sorted(a.choices, key=lambda c: c.index)]
+    tb = [c.text for c in sorted(b.choices, key=lambda c: c.index)]
+    assert ta == tb, (ta, tb)
+    assert len(set(ta)) > 1, ta  # each choice has its own seed
+    c = client.completions.create(**{**args, "seed": 8})
+    assert [x.text for x in sorted(c.choices, key=lambda c: c.index)] != ta
+    assert a.usage.completion_tokens == 48
+
+
+@check("stop strings end the text before them")
+def _():
+    prompt, want = next(iter(SOLO.items()))
+    words = want.split()
+    stop = words[len(words) // 2]
+    cut = want[: want.index(stop)]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop, "zzzz"])
+    assert r.choices[0].text == cut, (r.choices[0].text, cut)
+    assert r.choices[0].finish_reason == "stop"
+    s = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in s) == cut
+
+
+@check("logprobs")
+def _():
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for t in content:
+        tops = [x.logprob for x in t.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and tops[0] <= 0
+        # Greedy: the chosen token is the most likely one.
+        assert t.token == t.top_logprobs[0].token and abs(t.logprob - tops[0]) < 1e-6
+    c = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=5, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and len(lp.top_logprobs) == 5
+    assert all(x <= 0 for x in lp.token_logprobs)
+    assert "".join(lp.tokens).strip() == c.choices[0].text.strip()
+
+
+@check("sampling extensions and penalties are accepted and change the output")
+def _():
+    base = dict(model=MODEL, prompt="The the the the", max_tokens=12, temperature=0)
+    plain = client.completions.create(**base).choices[0].text
+    pen = client.completions.create(**base, extra_body={"repetition_penalty": 1.5}).choices[0].text
+    assert pen != plain
+    r = client.completions.create(**base, extra_body={"ignore_eos": True, "top_k": 5, "min_p": 0.05})
+    assert r.usage.completion_tokens == 12
+    # A bias of +100 on one token makes greedy decoding repeat it.
+    tok = raw("/tokenize", {"prompt": " banana", "add_special_tokens": False}).json()["tokens"][0]
+    b = client.completions.create(**base, logit_bias={str(tok): 100}, presence_penalty=0.5)
+    assert b.choices[0].text.startswith(" banana banana"), b.choices[0].text
+
+
+@check("tokenize / detokenize / health / metrics")
+def _():
+    t = raw("/tokenize", {"prompt": "Hello world"}).json()
+    assert t["count"] == len(t["tokens"]) > 0
+    d = raw("/detokenize", {"tokens": t["tokens"]}).json()
+    assert d["prompt"] == "Hello world"
+    assert request("GET", ROOT, "/health").status_code == 200
+    m = metrics()
+    for name in [
+        "spindle:num_requests_running",
+        "spindle:num_requests_waiting",
+        "spindle:kv_cache_usage_perc",
+        "spindle:prompt_tokens_total",
+        "spindle:generation_tokens_total",
+        "spindle:time_to_first_token_seconds_count",
+        "spindle:inter_token_latency_seconds_count",
+        "spindle:e2e_request_latency_seconds_count",
+        "spindle:spec_decode_num_draft_tokens_total",
+        "spindle:prefix_cache_queries_total",
+    ]:
+        assert name in m, name
+    assert m["spindle:generation_tokens_total"] > 0
+
+
+@check("errors: 400, 401, 404, OpenAI-style bodies")
+def _():
+    for body in [b"{not json", b'{"model": "%s", "prompt": "a", "max_tokens": "ten"}' % MODEL.encode(),
+                 b'{"model": "%s"}' % MODEL.encode(), b"[]", b'{"model": 5, "prompt": "a"}']:
+        r = raw("/v1/completions", body)
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        err = r.json()["error"]
+        assert err["message"] and err["type"] == "invalid_request_error"
+    try:
+        client.completions.create(model="no-such-model", prompt="a", max_tokens=2)
+        raise AssertionError("unknown model accepted")
+    except openai.NotFoundError as e:
+        assert "no-such-model" in str(e)
+    try:
+        client.completions.create(model=MODEL, prompt="a b c", max_tokens=10**6)
+        raise AssertionError("over-long request accepted")
+    except openai.BadRequestError as e:
+        msg = str(e)
+        ctx = client.models.list().data[0].model_extra["max_model_len"]
+        assert str(ctx) in msg and str(10**6) in msg, msg
+    for key in [None, "wrong"]:
+        c = openai.OpenAI(base_url=URL, api_key=key or "x", max_retries=0)
+        headers = {} if key else {"Authorization": ""}
+        try:
+            c.with_options(default_headers=headers).completions.create(model=MODEL, prompt="a", max_tokens=2)
+            raise AssertionError("a bad key was accepted")
+        except openai.AuthenticationError:
+            pass
+    for bad in [dict(temperature=5), dict(top_p=0), dict(n=0), dict(logit_bias={"x": 1})]:
+        try:
+            client.completions.create(model=MODEL, prompt="a", max_tokens=2, **bad)
+            raise AssertionError(f"{bad} accepted")
+        except openai.BadRequestError:
+            pass
+
+
+@check("16 concurrent greedy requests each equal their solo output")
+def _():
+    prompts = [f"Fact {i}: the number {i * 7} is" for i in range(16)]
+    lens = [8 + (i * 5) % 24 for i in range(16)]
+
+    def one(i):
+        return client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=lens[i], temperature=0).choices[0].text
+
+    solo = [one(i) for i in range(16)]
+    with cf.ThreadPoolExecutor(16) as ex:
+        together = list(ex.map(one, range(16)))
+    assert together == solo, [(a, b) for a, b in zip(together, solo) if a != b]
+
+
+def wait_idle():
+    for _ in range(100):
+        m = metrics()
+        if m["spindle:num_requests_running"] == 0 and m["spindle:kv_cache_usage_perc"] == 0:
+            return m
+        time.sleep(0.1)
+    raise AssertionError(f"the server did not return to idle: {m}")
+
+
+@check("a client that disconnects mid-stream frees its KV")
+def _():
+    wait_idle()
+    base_tokens = metrics()["spindle:generation_tokens_total"]
+    conn = connect(URL)
+    body = {"model": MODEL, "prompt": "Write a long story.", "max_tokens": 2000, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    conn.request("POST", "/v1/completions", body=json.dumps(body),
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    n = 0
+    while n < 5:
+        n += r.readline().startswith(b"data:")
+    assert metrics()["spindle:kv_cache_usage_perc"] > 0
+    conn.sock.shutdown(2)
+    conn.close()
+    m = wait_idle()
+    assert m["spindle:generation_tokens_total"] - base_tokens < 1000, "the request ran on after the disconnect"
+
+
+@check("a full queue answers 429 with Retry-After")
+def _():
+    small = SMALL[: -len("/v1")]
+
+    def post(_):
+        body = {"model": MODEL, "prompt": "Tell a story.", "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+        return request("POST", SMALL, "/completions", body, {"Content-Type": "application/json"})
+
+    with cf.ThreadPoolExecutor(6) as ex:
+        codes = list(ex.map(post, range(6)))
+    statuses = sorted(r.status_code for r in codes)
+    assert 200 in statuses and 429 in statuses, statuses
+    r429 = next(r for r in codes if r.status_code == 429)
+    assert int(r429.headers["retry-after"]) >= 1 and r429.json()["error"]["type"] == "rate_limit_error"
+    assert request("GET", small, "/health").status_code == 200
+
+
+@check("fuzzed bodies never crash the server")
+def _():
+    rng = random.Random(1)
+    values = [None, True, -1, 0, 1, 2**40, -2.5, 1e308, "", "x" * 300, [], [1, "a"], {}, {"a": []}, [-1], [2**33]]
+    fields = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
+              "seed", "logprobs", "top_logprobs", "logit_bias", "stream", "stream_options", "min_p",
+              "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "tokens", "user"]
+    for i in range(300):
+        if i % 5 == 0:
+            body = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+        else:
+            obj = {"model": MODEL, "max_tokens": 2}
+            for _ in range(rng.randrange(1, 5)):
+                obj[rng.choice(fields)] = rng.choice(values)
+            body = json.dumps(obj).encode()
+        path = rng.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+        r = raw(path, body)
+        assert r.status_code < 500, (path, body, r.status_code, r.text)
+    assert request("GET", ROOT, "/health").status_code == 200
+    wait_idle()
+
+
+print("all server checks passed")

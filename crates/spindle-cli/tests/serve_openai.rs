@@ -1,0 +1,130 @@
+//! `spindle serve` checked from outside with the official `openai` Python
+//! client (tests/openai/check_server.py): endpoints, streaming, `n`, stop,
+//! logprobs, seeds, every error case, concurrency equal to solo output,
+//! disconnects, 429 and fuzzed bodies.
+//!
+//! The client comes from pip: CI installs it with
+//! `python3 -m pip install --target target/pydeps openai` (see `.ci/run`);
+//! `SPINDLE_PYDEPS` points elsewhere. Without it the test skips with a note,
+//! except under `SPINDLE_REQUIRE_MODEL=1` (CI), where it fails.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// A server process, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(model: &Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "-m"])
+        .arg(model)
+        .args(["--port", "0", "-t", "2"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spindle serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("the server prints its URL");
+    let url = line.trim().to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url:?}");
+    Server { child, url }
+}
+
+fn pydeps() -> PathBuf {
+    std::env::var_os("SPINDLE_PYDEPS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pydeps"))
+}
+
+/// Whether python3 can import the client (from `pydeps` or its own paths).
+fn client_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import openai"])
+        .env("PYTHONPATH", pydeps())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        let fix = "python3 -m pip install --target target/pydeps openai";
+        assert!(
+            std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
+            "the openai Python client is missing: {fix}"
+        );
+        eprintln!("skipping: the openai Python client is missing ({fix})");
+    }
+    ok
+}
+
+/// `spindle run` greedy output: the reference the server must reproduce.
+fn solo(model: &Path, prompt: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["run", "-m"])
+        .arg(model)
+        .args([
+            "-p", prompt, "-n", "24", "--temp", "0", "--spec", "off", "--json",
+        ])
+        .output()
+        .expect("spindle run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn openai_client_against_a_live_server() {
+    let Some(model) = common::real_model() else {
+        return;
+    };
+    if !client_available() {
+        return;
+    }
+    let solos: serde_json::Map<String, serde_json::Value> =
+        ["The history of the bicycle begins", "def fibonacci(n):"]
+            .iter()
+            .map(|p| (p.to_string(), solo(&model, p).into()))
+            .collect();
+    let key = "test-key-123";
+    let server = start(
+        &model,
+        &["--api-key", key, "--max-seqs", "8", "--ctx", "2048"],
+    );
+    let small = start(
+        &model,
+        &["--max-seqs", "1", "--max-waiting", "1", "--ctx", "512"],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai/check_server.py");
+    let status = Command::new("python3")
+        .arg(&script)
+        .env("PYTHONPATH", pydeps())
+        .env("SPINDLE_URL", &server.url)
+        .env("SPINDLE_KEY", key)
+        .env("SPINDLE_SMALL_URL", &small.url)
+        .env("SPINDLE_MODEL", "gemma-3-270m-q4_k_m")
+        .env("SPINDLE_SOLO", serde_json::Value::Object(solos).to_string())
+        .status()
+        .expect("python3 runs");
+    assert!(
+        status.success(),
+        "check_server.py failed (its output is above)"
+    );
+}

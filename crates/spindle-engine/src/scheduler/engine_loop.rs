@@ -1,0 +1,461 @@
+//! The engine loop: one thread owns the model and the KV cache and, after
+//! every pass, takes in new requests, drops cancelled ones, admits waiting
+//! requests into free sequence slots, and builds the next `Batch` from
+//! every running sequence: one decode row each, then prompt chunks up to
+//! the token budget (chunked prefill beside decode).
+//!
+//! Every row's logits are bit-identical to those of the same sequence run
+//! alone (batch-invariant kernels), and the sampler is keyed by (seed,
+//! position), so a request gets the same tokens whatever else is running.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::Instant;
+
+use spindle_model::{Batch, KvCache, Model, Row, SeqId};
+
+use super::metrics::Metrics;
+use super::queue::FairQueue;
+use super::request::{Event, Finished, Request, TokenLogprobs};
+use crate::generate::FinishReason;
+use crate::sampler::sample;
+
+/// How the loop schedules.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Rows per pass: decode rows first, prompt chunks in what is left.
+    pub max_batch_tokens: usize,
+    /// Requests allowed to wait; more are refused (the server answers 429).
+    pub max_waiting: usize,
+    /// Take turns between tenants (false: first come, first served).
+    pub fair: bool,
+    /// Admit new requests only when no sequence is running (static
+    /// batching, for comparison in `bench/serve`).
+    pub static_batching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch_tokens: 512,
+            max_waiting: 1024,
+            fair: true,
+            static_batching: false,
+        }
+    }
+}
+
+/// Why a request was not queued.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("{waiting} requests are already waiting (the limit): retry shortly")]
+    QueueFull { waiting: usize },
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// The clients' side of the engine: submit requests, read metrics.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Request>,
+    queued: Arc<AtomicUsize>,
+    max_waiting: usize,
+    pub metrics: Arc<Metrics>,
+    /// Longest sequence (prompt and generated tokens).
+    pub ctx: usize,
+    pub max_seqs: usize,
+}
+
+impl EngineHandle {
+    /// Queues `req`; its events arrive on the channel it carries.
+    pub fn submit(&self, req: Request) -> Result<(), SubmitError> {
+        let waiting = self.queued.fetch_add(1, Ordering::SeqCst);
+        if waiting >= self.max_waiting {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull { waiting });
+        }
+        self.tx.send(req).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::Stopped
+        })
+    }
+}
+
+/// Starts the engine loop on its own thread. It runs until every handle is
+/// dropped.
+pub fn spawn_engine(model: Model, kv: KvCache, config: EngineConfig) -> EngineHandle {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let metrics = Arc::new(Metrics::default());
+    let queued = Arc::new(AtomicUsize::new(0));
+    let handle = EngineHandle {
+        tx,
+        queued: queued.clone(),
+        max_waiting: config.max_waiting,
+        metrics: metrics.clone(),
+        ctx: kv.max_len(),
+        max_seqs: kv.layout().max_seqs,
+    };
+    metrics.kv_capacity.store(
+        (kv.max_len() * kv.layout().max_seqs) as u64,
+        Ordering::Relaxed,
+    );
+    std::thread::Builder::new()
+        .name("spindle-engine".into())
+        .spawn(move || {
+            let mut engine = EngineLoop {
+                model,
+                kv,
+                config: config.clone(),
+                metrics,
+                queued,
+                waiting: FairQueue::new(config.fair),
+                running: Vec::new(),
+            };
+            engine.run(rx);
+        })
+        .expect("the engine thread starts");
+    handle
+}
+
+/// A request in a sequence slot.
+struct Running {
+    req: Request,
+    seq: SeqId,
+    arrived: Instant,
+    /// Prompt tokens committed to the KV cache so far.
+    fed: usize,
+    /// Prompt and emitted tokens.
+    history: Vec<u32>,
+    generated: usize,
+    /// The last emitted token, not yet run through the model.
+    pending: Option<u32>,
+    last_token_at: Option<Instant>,
+    done: bool,
+}
+
+struct Waiting {
+    req: Request,
+    arrived: Instant,
+}
+
+struct EngineLoop {
+    model: Model,
+    kv: KvCache,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    queued: Arc<AtomicUsize>,
+    waiting: FairQueue<Waiting>,
+    running: Vec<Running>,
+}
+
+/// What one running sequence contributes to a pass.
+struct Part {
+    running: usize,
+    rows: std::ops::Range<usize>,
+    /// Prompt tokens the rows feed (0 for a decode row).
+    prompt_tokens: usize,
+    /// The row whose logits choose the next token, if any.
+    logits_row: Option<usize>,
+}
+
+impl EngineLoop {
+    fn run(&mut self, rx: Receiver<Request>) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match rx.recv() {
+                    Ok(req) => self.arrive(req),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(req) = rx.try_recv() {
+                self.arrive(req);
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.publish();
+            if !self.running.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn arrive(&mut self, req: Request) {
+        let tenant = req.tenant.clone();
+        self.waiting.push(
+            &tenant,
+            Waiting {
+                req,
+                arrived: Instant::now(),
+            },
+        );
+    }
+
+    fn drop_cancelled(&mut self) {
+        let kv = &mut self.kv;
+        self.running.retain(|r| {
+            let keep = !r.done && !r.req.events.is_closed();
+            if !keep {
+                kv.remove_sequence(r.seq);
+            }
+            keep
+        });
+        let before = self.waiting.len();
+        self.waiting.retain(|w| !w.req.events.is_closed());
+        let dropped = before - self.waiting.len();
+        self.queued.fetch_sub(dropped, Ordering::SeqCst);
+    }
+
+    fn admit(&mut self) {
+        if self.config.static_batching && !self.running.is_empty() {
+            return;
+        }
+        while !self.waiting.is_empty() {
+            let Ok(seq) = self.kv.add_sequence() else {
+                break;
+            };
+            let w = self.waiting.pop().expect("not empty");
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            let ctx = self.kv.max_len();
+            let problem = if w.req.prompt.is_empty() {
+                Some("the prompt is empty: give at least one token".to_string())
+            } else if w.req.prompt.len() >= ctx {
+                Some(format!(
+                    "the prompt has {} tokens but the context holds {ctx}",
+                    w.req.prompt.len()
+                ))
+            } else {
+                None
+            };
+            if let Some(msg) = problem {
+                let _ = w.req.events.send(Event::Error(msg));
+                self.kv.remove_sequence(seq);
+                continue;
+            }
+            self.metrics
+                .prompt_tokens
+                .fetch_add(w.req.prompt.len() as u64, Ordering::Relaxed);
+            let history = w.req.prompt.clone();
+            let mut r = Running {
+                req: w.req,
+                seq,
+                arrived: w.arrived,
+                fed: 0,
+                history,
+                generated: 0,
+                pending: None,
+                last_token_at: None,
+                done: false,
+            };
+            if r.req.params.max_tokens == 0 {
+                finish(&self.metrics, &mut r, FinishReason::Length);
+                self.kv.remove_sequence(seq);
+                continue;
+            }
+            self.running.push(r);
+        }
+    }
+
+    fn publish(&self) {
+        let m = &self.metrics;
+        m.requests_running
+            .store(self.running.len() as u64, Ordering::Relaxed);
+        m.requests_waiting
+            .store(self.queued.load(Ordering::SeqCst) as u64, Ordering::Relaxed);
+        let used: usize = self.running.iter().map(|r| self.kv.seq_len(r.seq)).sum();
+        m.kv_used.store(used as u64, Ordering::Relaxed);
+    }
+
+    /// One pass over every running sequence.
+    fn step(&mut self) {
+        let mut batch = Batch::new();
+        let mut parts = Vec::new();
+        for (i, r) in self.running.iter().enumerate() {
+            if let Some(token) = r.pending {
+                let at = batch.push(Row {
+                    token,
+                    pos: r.history.len() - 1,
+                    seq: r.seq,
+                    parent: None,
+                    logits: true,
+                });
+                parts.push(Part {
+                    running: i,
+                    rows: at..at + 1,
+                    prompt_tokens: 0,
+                    logits_row: Some(at),
+                });
+            }
+        }
+        let mut budget = self.config.max_batch_tokens.saturating_sub(batch.len());
+        for (i, r) in self.running.iter().enumerate() {
+            let left = r.req.prompt.len() - r.fed;
+            if left == 0 || budget == 0 {
+                continue;
+            }
+            let take = left.min(budget);
+            budget -= take;
+            let last = r.fed + take == r.req.prompt.len();
+            let rows = batch.push_chain(r.seq, r.fed, &r.req.prompt[r.fed..r.fed + take], |j| {
+                last && j + 1 == take
+            });
+            let logits_row = last.then(|| rows.end - 1);
+            parts.push(Part {
+                running: i,
+                rows,
+                prompt_tokens: take,
+                logits_row,
+            });
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let logits = match self.model.forward(&batch, &mut self.kv) {
+            Ok(l) => l,
+            Err(e) => {
+                // Nothing of the pass is committed; its requests end with
+                // the error and free their slots.
+                let msg = format!("the forward pass failed: {e}");
+                for p in &parts {
+                    let r = &mut self.running[p.running];
+                    let _ = r.req.events.send(Event::Error(msg.clone()));
+                    r.done = true;
+                }
+                return;
+            }
+        };
+        self.metrics.passes.fetch_add(1, Ordering::Relaxed);
+        for p in parts {
+            let rows: Vec<usize> = p.rows.clone().collect();
+            let r = &mut self.running[p.running];
+            if let Err(e) = self.kv.commit(r.seq, &rows) {
+                let _ = r
+                    .req
+                    .events
+                    .send(Event::Error(format!("KV commit failed: {e}")));
+                r.done = true;
+                continue;
+            }
+            r.fed += p.prompt_tokens;
+            let Some(row) = p.logits_row else {
+                continue;
+            };
+            let row_logits = logits.row(row).expect("the row asked for logits");
+            let max_len = self.kv.max_len();
+            if let Some(reason) = emit(r, row_logits, max_len, &self.metrics) {
+                finish(&self.metrics, r, reason);
+            }
+        }
+    }
+}
+
+/// Sends a request's final event and records its latency.
+fn finish(metrics: &Metrics, r: &mut Running, reason: FinishReason) {
+    r.done = true;
+    let _ = r.req.events.send(Event::Finished(Finished {
+        reason,
+        prompt_tokens: r.req.prompt.len(),
+        completion_tokens: r.generated,
+    }));
+    metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+    metrics.observe(&metrics.e2e_latency, r.arrived.elapsed().as_secs_f64());
+}
+
+/// Samples the next token of `r` from `logits` as plain decoding does and
+/// sends it; returns why the request ends, if it does.
+fn emit(
+    r: &mut Running,
+    logits: &[f32],
+    max_len: usize,
+    metrics: &Metrics,
+) -> Option<FinishReason> {
+    let params = &r.req.params;
+    let pos = r.history.len();
+    let biased;
+    let for_sampling = if params.logit_bias.is_empty() {
+        logits
+    } else {
+        let mut l = logits.to_vec();
+        for &(id, b) in &params.logit_bias {
+            if let Some(v) = l.get_mut(id as usize) {
+                *v += b;
+            }
+        }
+        biased = l;
+        &biased[..]
+    };
+    let token = sample(&params.sampler, for_sampling, &r.history, pos);
+    r.pending = None;
+    if params.stop_ids.contains(&token) {
+        return Some(FinishReason::Stop);
+    }
+    let logprobs = params.logprobs.map(|k| token_logprobs(logits, token, k));
+    r.history.push(token);
+    r.generated += 1;
+    r.pending = Some(token);
+    metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    let now = Instant::now();
+    match r.last_token_at {
+        None => metrics.observe(
+            &metrics.time_to_first_token,
+            (now - r.arrived).as_secs_f64(),
+        ),
+        Some(t) => metrics.observe(&metrics.inter_token_latency, (now - t).as_secs_f64()),
+    }
+    r.last_token_at = Some(now);
+    if r.req
+        .events
+        .send(Event::Token {
+            id: token,
+            logprobs,
+        })
+        .is_err()
+    {
+        return Some(FinishReason::Cancelled);
+    }
+    if r.generated >= r.req.params.max_tokens || pos + 1 >= max_len {
+        return Some(FinishReason::Length);
+    }
+    None
+}
+
+/// Log-softmax of `logits` at `token`, and the `k` likeliest tokens.
+pub(crate) fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |id: u32| (logits[id as usize] as f64 - lse) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() < k || l > top[top.len() - 1].1 {
+                let at = top.partition_point(|&(_, v)| v >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(k);
+            }
+        }
+    }
+    TokenLogprobs {
+        logprob: lp(token),
+        top: top.into_iter().map(|(id, _)| (id, lp(id))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_in_order() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        let want = |i: usize| (logits[i] as f64 - z.ln()) as f32;
+        let lp = token_logprobs(&logits, 2, 3);
+        assert!((lp.logprob - want(2)).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        // Ties keep the lower id first.
+        assert_eq!(ids, vec![1, 3, 2]);
+        assert!((lp.top[0].1 - want(1)).abs() < 1e-6);
+        assert!(token_logprobs(&logits, 0, 0).top.is_empty());
+    }
+}

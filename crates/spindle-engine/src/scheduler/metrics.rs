@@ -1,0 +1,179 @@
+//! Counters and latency histograms of the engine, shared with the server,
+//! which renders them in Prometheus' text format with vLLM's metric names.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Upper bounds (seconds) of the latency buckets.
+const BUCKETS: [f64; 18] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
+    40.0, 80.0,
+];
+
+/// A cumulative histogram of seconds.
+#[derive(Debug, Default, Clone)]
+pub struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, seconds: f64) {
+        for (c, &b) in self.counts.iter_mut().zip(&BUCKETS) {
+            if seconds <= b {
+                *c += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(&BUCKETS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// What the engine has done, updated as it runs.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests_running: AtomicU64,
+    pub requests_waiting: AtomicU64,
+    /// KV positions committed across running sequences, and capacity.
+    pub kv_used: AtomicU64,
+    pub kv_capacity: AtomicU64,
+    pub prefix_cache_queries: AtomicU64,
+    pub prefix_cache_hits: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub requests_finished: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
+    pub passes: AtomicU64,
+    pub time_to_first_token: Mutex<Histogram>,
+    pub inter_token_latency: Mutex<Histogram>,
+    pub e2e_latency: Mutex<Histogram>,
+}
+
+impl Metrics {
+    /// Share of the KV cache in use, 0 to 1.
+    pub fn kv_usage(&self) -> f64 {
+        let cap = self.kv_capacity.load(Ordering::Relaxed);
+        if cap == 0 {
+            0.0
+        } else {
+            self.kv_used.load(Ordering::Relaxed) as f64 / cap as f64
+        }
+    }
+
+    pub(crate) fn observe(&self, h: &Mutex<Histogram>, seconds: f64) {
+        h.lock().unwrap_or_else(|p| p.into_inner()).observe(seconds);
+    }
+
+    /// Prometheus text exposition, vLLM's names under the `spindle:` prefix.
+    pub fn render(&self, model: &str) -> String {
+        let mut out = String::new();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let label = format!("{{model_name=\"{model}\"}}");
+        let gauges: [(&str, &str, f64); 3] = [
+            (
+                "spindle:num_requests_running",
+                "Requests in the running batch.",
+                get(&self.requests_running) as f64,
+            ),
+            (
+                "spindle:num_requests_waiting",
+                "Requests waiting to be admitted.",
+                get(&self.requests_waiting) as f64,
+            ),
+            (
+                "spindle:kv_cache_usage_perc",
+                "KV-cache usage, 1 means full.",
+                self.kv_usage(),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{label} {v}"
+            );
+        }
+        let counters: [(&str, &str, &AtomicU64); 8] = [
+            (
+                "spindle:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache.",
+                &self.prefix_cache_queries,
+            ),
+            (
+                "spindle:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache.",
+                &self.prefix_cache_hits,
+            ),
+            (
+                "spindle:prompt_tokens_total",
+                "Prompt tokens processed.",
+                &self.prompt_tokens,
+            ),
+            (
+                "spindle:generation_tokens_total",
+                "Tokens generated.",
+                &self.generation_tokens,
+            ),
+            (
+                "spindle:request_success_total",
+                "Requests finished.",
+                &self.requests_finished,
+            ),
+            (
+                "spindle:spec_decode_num_draft_tokens_total",
+                "Drafted tokens verified.",
+                &self.spec_drafted,
+            ),
+            (
+                "spindle:spec_decode_num_accepted_tokens_total",
+                "Drafted tokens accepted.",
+                &self.spec_accepted,
+            ),
+            (
+                "spindle:num_forward_passes_total",
+                "Forward passes of the model.",
+                &self.passes,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{label} {}",
+                get(v)
+            );
+        }
+        let lock = |h: &Mutex<Histogram>| h.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        lock(&self.time_to_first_token).render(
+            &mut out,
+            "spindle:time_to_first_token_seconds",
+            "Time from arrival to the first token.",
+        );
+        lock(&self.inter_token_latency).render(
+            &mut out,
+            "spindle:inter_token_latency_seconds",
+            "Time between consecutive tokens of a request.",
+        );
+        lock(&self.e2e_latency).render(
+            &mut out,
+            "spindle:e2e_request_latency_seconds",
+            "Time from arrival to the last token.",
+        );
+        out
+    }
+}

@@ -1,0 +1,383 @@
+//! From a validated request to choices: `n` engine requests, each driven by
+//! its own task that turns tokens into text (cut at stop strings) and sends
+//! [`Piece`]s on one channel. Streaming writes the pieces out as they come;
+//! otherwise they are gathered into whole choices. Dropping the channel's
+//! receiver (the client went away) ends the tasks, which drops the engine
+//! receivers, which cancels the sequences.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use spindle_engine::scheduler::{Event, Request, RequestParams, SubmitError, TokenLogprobs};
+use spindle_engine::{FinishReason, SamplerConfig};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::error::ApiError;
+use crate::openai::SamplingFields;
+use crate::text::TextStream;
+use crate::AppState;
+
+/// Most choices per request.
+const MAX_N: u32 = 16;
+/// Most alternatives per token in log-probabilities.
+const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// What to run: one prompt, `n` times.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+    pub stops: Vec<String>,
+    pub n: usize,
+    pub tenant: String,
+}
+
+/// Part of a choice, in order: deltas, then one `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Piece {
+    Delta {
+        index: usize,
+        text: String,
+        tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    },
+    Done {
+        index: usize,
+        finish_reason: &'static str,
+        completion_tokens: usize,
+    },
+    Failed {
+        error: ApiError,
+    },
+}
+
+/// Turns the shared sampling fields into engine parameters, checking every
+/// value. `default_max` applies when the request sets no token limit.
+pub fn build_job(
+    state: &AppState,
+    f: &SamplingFields,
+    prompt: Vec<u32>,
+    default_max: usize,
+    logprobs: Option<u32>,
+    tenant: String,
+) -> Result<Job, ApiError> {
+    let ctx = state.engine.ctx;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
+    let max_tokens = match f.max_completion_tokens.or(f.max_tokens) {
+        Some(0) => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ))
+        }
+        Some(m) => m.min(u32::MAX as u64) as usize,
+        None => default_max.min(ctx.saturating_sub(prompt.len())).max(1),
+    };
+    if prompt.len() + max_tokens > ctx {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the prompt, {max_tokens} in the completion). Please reduce the prompt or max_tokens.",
+                prompt.len() + max_tokens,
+                prompt.len()
+            ),
+        ));
+    }
+    let temperature = f.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature must be between 0 and 2, got {temperature}"),
+        ));
+    }
+    let top_p = f.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            "top_p",
+            format!("top_p must be in (0, 1], got {top_p}"),
+        ));
+    }
+    let top_k = match f.top_k.unwrap_or(0) {
+        k if k <= 0 => 0,
+        k => k as usize,
+    };
+    let min_p = f.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::invalid(
+            "min_p",
+            format!("min_p must be in [0, 1], got {min_p}"),
+        ));
+    }
+    for (name, v) in [
+        ("presence_penalty", f.presence_penalty),
+        ("frequency_penalty", f.frequency_penalty),
+    ] {
+        if let Some(v) = v {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("{name} must be between -2 and 2, got {v}"),
+                ));
+            }
+        }
+    }
+    let repetition_penalty = f.repetition_penalty.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+        return Err(ApiError::invalid(
+            "repetition_penalty",
+            format!("repetition_penalty must be positive, got {repetition_penalty}"),
+        ));
+    }
+    let n = f.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n must be between 1 and {MAX_N}, got {n}"),
+        ));
+    }
+    if let Some(k) = logprobs {
+        if k > MAX_TOP_LOGPROBS {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("at most {MAX_TOP_LOGPROBS} log-probabilities per token, got {k}"),
+            ));
+        }
+    }
+    let vocab = state.tokenizer.vocab_size();
+    let mut logit_bias = Vec::new();
+    for (k, &b) in f.logit_bias.iter().flatten() {
+        let id: u32 = k
+            .parse()
+            .ok()
+            .filter(|&id: &u32| (id as usize) < vocab)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias keys must be token ids below {vocab}, got {k:?}"),
+                )
+            })?;
+        if !(-100.0..=100.0).contains(&b) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias values must be between -100 and 100, got {b}"),
+            ));
+        }
+        logit_bias.push((id, b));
+    }
+    let stops = f.stop.as_ref().map(|s| s.strings()).unwrap_or_default();
+    if stops.len() > 4 {
+        return Err(ApiError::invalid("stop", "at most 4 stop strings"));
+    }
+    let seed = match f.seed {
+        Some(s) => s as u64,
+        None => rand::random(),
+    };
+    let sampler = SamplerConfig {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        presence_penalty: f.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
+        seed,
+        ..SamplerConfig::default()
+    };
+    let stop_ids = if f.ignore_eos.unwrap_or(false) {
+        Vec::new()
+    } else {
+        state.tokenizer.stop_ids()
+    };
+    Ok(Job {
+        prompt,
+        params: RequestParams {
+            max_tokens,
+            sampler,
+            stop_ids,
+            logit_bias,
+            logprobs: logprobs.map(|k| k as usize),
+        },
+        stops,
+        n: n as usize,
+        tenant: f.user.clone().unwrap_or(tenant),
+    })
+}
+
+/// Submits the job's `n` requests and returns the channel their pieces
+/// arrive on. Choice `i` samples with seed `seed + i`.
+pub fn start(state: &Arc<AppState>, job: Job) -> Result<mpsc::Receiver<Piece>, ApiError> {
+    let (tx, rx) = mpsc::channel(256);
+    let deadline = Instant::now() + state.request_timeout;
+    let mut receivers = Vec::with_capacity(job.n);
+    for i in 0..job.n {
+        let (etx, erx) = mpsc::unbounded_channel();
+        let mut params = job.params.clone();
+        params.sampler.seed = params.sampler.seed.wrapping_add(i as u64);
+        let req = Request {
+            prompt: job.prompt.clone(),
+            params,
+            tenant: job.tenant.clone(),
+            events: etx,
+        };
+        state.engine.submit(req).map_err(|e| match e {
+            SubmitError::QueueFull { .. } => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+            },
+            SubmitError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        })?;
+        receivers.push(erx);
+    }
+    for (index, erx) in receivers.into_iter().enumerate() {
+        let text = TextStream::new(&state.tokenizer, job.stops.clone());
+        tokio::spawn(drive_choice(index, erx, text, tx.clone(), deadline));
+    }
+    Ok(rx)
+}
+
+/// Relays one engine request's events as pieces until it ends, a stop
+/// string appears, the deadline passes or nobody listens any more.
+async fn drive_choice(
+    index: usize,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    mut text: TextStream,
+    out: mpsc::Sender<Piece>,
+    deadline: Instant,
+) {
+    let mut generated = 0;
+    loop {
+        let event = match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                let error = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine stopped");
+                let _ = out.send(Piece::Failed { error }).await;
+                return;
+            }
+            Err(_) => {
+                let error = ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request took longer than the server's --request-timeout",
+                );
+                let _ = out.send(Piece::Failed { error }).await;
+                return;
+            }
+        };
+        match event {
+            Event::Token { id, logprobs } => {
+                generated += 1;
+                let delta = text.push(id);
+                let piece = Piece::Delta {
+                    index,
+                    text: delta,
+                    tokens: vec![(id, logprobs)],
+                };
+                if out.send(piece).await.is_err() {
+                    return;
+                }
+                if text.stopped() {
+                    // Dropping `events` cancels the sequence.
+                    let _ = out
+                        .send(Piece::Done {
+                            index,
+                            finish_reason: "stop",
+                            completion_tokens: generated,
+                        })
+                        .await;
+                    return;
+                }
+            }
+            Event::Finished(f) => {
+                let rest = text.finish();
+                if !rest.is_empty() {
+                    let piece = Piece::Delta {
+                        index,
+                        text: rest,
+                        tokens: Vec::new(),
+                    };
+                    if out.send(piece).await.is_err() {
+                        return;
+                    }
+                }
+                let finish_reason = match f.reason {
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length | FinishReason::Cancelled => "length",
+                };
+                let _ = out
+                    .send(Piece::Done {
+                        index,
+                        finish_reason,
+                        completion_tokens: f.completion_tokens,
+                    })
+                    .await;
+                return;
+            }
+            Event::Error(message) => {
+                let error = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message);
+                let _ = out.send(Piece::Failed { error }).await;
+                return;
+            }
+        }
+    }
+}
+
+/// A whole choice, gathered from its pieces.
+#[derive(Debug, Default)]
+pub struct Choice {
+    pub text: String,
+    pub tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    pub finish_reason: &'static str,
+    pub completion_tokens: usize,
+}
+
+/// Gathers every piece into `n` choices; the first failure wins.
+pub async fn collect(mut rx: mpsc::Receiver<Piece>, n: usize) -> Result<Vec<Choice>, ApiError> {
+    let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
+    let mut done = 0;
+    while done < n {
+        match rx.recv().await {
+            Some(Piece::Delta {
+                index,
+                text,
+                tokens,
+            }) => {
+                choices[index].text.push_str(&text);
+                choices[index].tokens.extend(tokens);
+            }
+            Some(Piece::Done {
+                index,
+                finish_reason,
+                completion_tokens,
+            }) => {
+                choices[index].finish_reason = finish_reason;
+                choices[index].completion_tokens = completion_tokens;
+                done += 1;
+            }
+            Some(Piece::Failed { error, .. }) => return Err(error),
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "a choice ended without finishing",
+                ))
+            }
+        }
+    }
+    Ok(choices)
+}
+
+/// Seconds since the Unix epoch (`created` fields).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A fresh id with `prefix` (`cmpl-`, `chatcmpl-`).
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}{:016x}", rand::random::<u64>())
+}
+
+pub fn default_timeout() -> Duration {
+    Duration::from_secs(600)
+}

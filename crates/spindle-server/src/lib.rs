@@ -1,0 +1,72 @@
+//! Spindle's HTTP server: the OpenAI API (`/v1/models`, `/v1/completions`,
+//! `/v1/chat/completions` with streaming), `/tokenize`, `/detokenize`,
+//! `/health` and Prometheus `/metrics`, over the engine's continuous
+//! batching loop. The server knows requests and text; the engine knows
+//! sequences and tokens.
+
+mod error;
+mod generation;
+pub mod openai;
+mod routes;
+mod text;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use spindle_engine::scheduler::EngineHandle;
+use spindle_model::chat_template::ChatTemplate;
+use spindle_model::tokenizer::Tokenizer;
+
+pub use error::ApiError;
+pub use routes::router;
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// The name clients give as `model`.
+    pub model_name: String,
+    /// Clients must send `Authorization: Bearer <key>` when set.
+    pub api_key: Option<String>,
+    pub request_timeout: Duration,
+    pub created: u64,
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Tokenizer,
+        model_name: String,
+        api_key: Option<String>,
+    ) -> AppState {
+        let template = ChatTemplate::for_tokenizer(&tokenizer);
+        AppState {
+            engine,
+            tokenizer,
+            template,
+            model_name,
+            api_key,
+            request_timeout: generation::default_timeout(),
+            created: generation::now_unix(),
+        }
+    }
+}
+
+/// Serves `state` on `addr` until the process is interrupted; `on_ready`
+/// is called with the bound address once connections are accepted.
+pub async fn serve(
+    state: AppState,
+    addr: SocketAddr,
+    on_ready: impl FnOnce(SocketAddr),
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    on_ready(listener.local_addr()?);
+    let app = router(Arc::new(state));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+}

@@ -1,0 +1,528 @@
+//! The endpoints.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use spindle_engine::scheduler::TokenLogprobs;
+use spindle_model::chat_template::ChatMessage;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::error::ApiError;
+use crate::generation::{self, Choice, Job, Piece};
+use crate::openai::{
+    ChatMessageIn, ChatRequest, CompletionRequest, Content, DetokenizeRequest, Prompt,
+    TokenizeRequest,
+};
+use crate::AppState;
+
+type Shared = Arc<AppState>;
+
+/// Every route; `/health` and `/metrics` need no key.
+pub fn router(state: Shared) -> Router {
+    let guarded = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics))
+        .merge(guarded)
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "no such endpoint: see /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /metrics")
+        })
+        .with_state(state)
+}
+
+async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = bearer(req.headers());
+        if given.as_deref() != Some(key.as_str()) {
+            let msg = match given {
+                None => "missing API key: send the header 'Authorization: Bearer <key>'",
+                Some(_) => "incorrect API key",
+            };
+            return ApiError::new(StatusCode::UNAUTHORIZED, msg).into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    v.strip_prefix("Bearer ").map(|s| s.trim().to_string())
+}
+
+/// The tenant of a request: its API key, or everyone's.
+fn tenant(headers: &HeaderMap) -> String {
+    bearer(headers).unwrap_or_else(|| "default".into())
+}
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if model == state.model_name {
+        Ok(())
+    } else {
+        Err(ApiError {
+            param: Some("model"),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "the model '{model}' does not exist: this server serves '{}'",
+                    state.model_name
+                ),
+            )
+        })
+    }
+}
+
+async fn models(State(state): State<Shared>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "spindle",
+            "max_model_len": state.engine.ctx,
+        }]
+    }))
+}
+
+async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.engine.metrics.render(&state.model_name),
+    )
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// Prompt ids of a completions request.
+fn completion_prompt(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let tok = &state.tokenizer;
+    let text = match prompt {
+        Prompt::Text(t) => t.clone(),
+        Prompt::Texts(v) if v.len() == 1 => v[0].clone(),
+        Prompt::Texts(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "give one prompt per request (a string, or a list of token ids)",
+            ))
+        }
+        Prompt::Ids(ids) => {
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= tok.vocab_size()) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "token id {bad} is outside the vocabulary of {}",
+                        tok.vocab_size()
+                    ),
+                ));
+            }
+            return Ok(ids.clone());
+        }
+    };
+    tok.encode(&text, tok.add_bos_default(), true)
+        .map_err(internal)
+}
+
+fn chat_prompt(state: &AppState, messages: &[ChatMessageIn]) -> Result<Vec<u32>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages is empty"));
+    }
+    let msgs: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => parts
+                    .iter()
+                    .filter(|p| p.kind == "text")
+                    .filter_map(|p| p.text.clone())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            };
+            ChatMessage::new(m.role.clone(), content)
+        })
+        .collect();
+    let rendered = state
+        .template
+        .render_for(&state.tokenizer, &msgs, true)
+        .map_err(|e| ApiError::invalid("messages", format!("the chat template failed: {e}")))?;
+    state
+        .tokenizer
+        .encode_chat_prompt(&rendered)
+        .map_err(internal)
+}
+
+async fn completions(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body)?;
+    check_model(&state, &req.model)?;
+    if req.echo.unwrap_or(false) {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    if req.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "suffix is not supported"));
+    }
+    let prompt = completion_prompt(&state, &req.prompt)?;
+    let job = generation::build_job(
+        &state,
+        &req.sampling,
+        prompt,
+        16,
+        req.logprobs,
+        tenant(&headers),
+    )?;
+    respond(state, job, &req.sampling, Kind::Completion).await
+}
+
+async fn chat_completions(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(&body)?;
+    check_model(&state, &req.model)?;
+    let prompt = chat_prompt(&state, &req.messages)?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (true, k) => Some(k.unwrap_or(0)),
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+        (false, None) => None,
+    };
+    let job = generation::build_job(
+        &state,
+        &req.sampling,
+        prompt,
+        usize::MAX,
+        logprobs,
+        tenant(&headers),
+    )?;
+    respond(state, job, &req.sampling, Kind::Chat).await
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+async fn respond(
+    state: Shared,
+    job: Job,
+    f: &crate::openai::SamplingFields,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let n = job.n;
+    let prompt_tokens = job.prompt.len();
+    let want_logprobs = job.params.logprobs.is_some();
+    let rx = generation::start(&state, job)?;
+    let id = generation::new_id(match kind {
+        Kind::Chat => "chatcmpl-",
+        Kind::Completion => "cmpl-",
+    });
+    let created = generation::now_unix();
+    if f.stream.unwrap_or(false) {
+        let include_usage = f
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        let stream = Streamer {
+            state: state.clone(),
+            kind,
+            id,
+            created,
+            n,
+            prompt_tokens,
+            include_usage,
+            want_logprobs,
+        };
+        let (tx, out) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
+        tokio::spawn(stream.run(rx, tx));
+        return Ok(Sse::new(ReceiverStream::new(out))
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    let choices = generation::collect(rx, n).await?;
+    let completion_tokens: usize = choices.iter().map(|c| c.completion_tokens).sum();
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| choice_json(&state, kind, i, c, want_logprobs))
+        .collect();
+    let object = match kind {
+        Kind::Chat => "chat.completion",
+        Kind::Completion => "text_completion",
+    };
+    Ok(Json(json!({
+        "id": id,
+        "object": object,
+        "created": created,
+        "model": state.model_name,
+        "choices": choices,
+        "usage": usage(prompt_tokens, completion_tokens),
+    }))
+    .into_response())
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+fn choice_json(state: &AppState, kind: Kind, index: usize, c: &Choice, logprobs: bool) -> Value {
+    let lp = logprobs.then(|| logprobs_json(state, kind, &c.tokens, 0));
+    match kind {
+        Kind::Chat => json!({
+            "index": index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": lp,
+            "finish_reason": c.finish_reason,
+        }),
+        Kind::Completion => json!({
+            "index": index,
+            "text": c.text,
+            "logprobs": lp,
+            "finish_reason": c.finish_reason,
+        }),
+    }
+}
+
+/// Log-probabilities of `tokens` in the shape of `kind`'s API; completions
+/// count text offsets from `offset`.
+fn logprobs_json(
+    state: &AppState,
+    kind: Kind,
+    tokens: &[(u32, Option<TokenLogprobs>)],
+    mut offset: usize,
+) -> Value {
+    let tok = &state.tokenizer;
+    let piece = |id: u32| tok.token_to_piece(id).unwrap_or_default();
+    let bytes = |id: u32| tok.token_bytes(id).map(|b| b.to_vec()).unwrap_or_default();
+    let with_lp = tokens
+        .iter()
+        .filter_map(|(id, lp)| lp.as_ref().map(|lp| (*id, lp)));
+    match kind {
+        Kind::Chat => {
+            let content: Vec<Value> = with_lp
+                .map(|(id, lp)| {
+                    let top: Vec<Value> = lp
+                        .top
+                        .iter()
+                        .map(|&(t, l)| json!({"token": piece(t), "logprob": l, "bytes": bytes(t)}))
+                        .collect();
+                    json!({"token": piece(id), "logprob": lp.logprob, "bytes": bytes(id), "top_logprobs": top})
+                })
+                .collect();
+            json!({ "content": content })
+        }
+        Kind::Completion => {
+            let (mut toks, mut lps, mut tops, mut offs) = (vec![], vec![], vec![], vec![]);
+            for (id, lp) in with_lp {
+                let p = piece(id);
+                offs.push(offset);
+                offset += p.len();
+                toks.push(p);
+                lps.push(lp.logprob);
+                let top: serde_json::Map<String, Value> =
+                    lp.top.iter().map(|&(t, l)| (piece(t), json!(l))).collect();
+                tops.push(Value::Object(top));
+            }
+            json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
+        }
+    }
+}
+
+/// Writes a job's pieces as server-sent events.
+struct Streamer {
+    state: Shared,
+    kind: Kind,
+    id: String,
+    created: u64,
+    n: usize,
+    prompt_tokens: usize,
+    include_usage: bool,
+    want_logprobs: bool,
+}
+
+impl Streamer {
+    fn chunk(&self, choice: Value) -> SseEvent {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        let mut body = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": [choice],
+        });
+        if self.include_usage {
+            body["usage"] = Value::Null;
+        }
+        SseEvent::default().data(body.to_string())
+    }
+
+    fn delta(&self, index: usize, text: &str, first: bool, finish: Option<&str>) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let mut delta = json!({});
+                if first {
+                    delta["role"] = json!("assistant");
+                }
+                if !text.is_empty() || first {
+                    delta["content"] = json!(text);
+                }
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Completion => {
+                json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
+            }
+        }
+    }
+
+    async fn run(
+        self,
+        mut rx: mpsc::Receiver<Piece>,
+        tx: mpsc::Sender<Result<SseEvent, Infallible>>,
+    ) {
+        let mut started = vec![false; self.n];
+        let mut offsets = vec![0usize; self.n];
+        let mut completion_tokens = 0;
+        let mut done = 0;
+        while done < self.n {
+            let Some(piece) = rx.recv().await else {
+                return;
+            };
+            let event = match piece {
+                Piece::Delta {
+                    index,
+                    text,
+                    tokens,
+                } => {
+                    let first = !std::mem::replace(&mut started[index], true);
+                    let mut choice = self.delta(index, &text, first, None);
+                    if self.want_logprobs && !tokens.is_empty() {
+                        choice["logprobs"] =
+                            logprobs_json(&self.state, self.kind, &tokens, offsets[index]);
+                    }
+                    offsets[index] += text.len();
+                    self.chunk(choice)
+                }
+                Piece::Done {
+                    index,
+                    finish_reason,
+                    completion_tokens: c,
+                } => {
+                    done += 1;
+                    completion_tokens += c;
+                    let first = !std::mem::replace(&mut started[index], true);
+                    self.chunk(self.delta(index, "", first, Some(finish_reason)))
+                }
+                Piece::Failed { error, .. } => {
+                    let body = json!({"error": {"message": error.message, "type": "server_error", "code": error.status.as_u16()}});
+                    let _ = tx
+                        .send(Ok(SseEvent::default().data(body.to_string())))
+                        .await;
+                    break;
+                }
+            };
+            if tx.send(Ok(event)).await.is_err() {
+                // The client went away: dropping `rx` cancels every choice.
+                return;
+            }
+        }
+        if self.include_usage {
+            let object = match self.kind {
+                Kind::Chat => "chat.completion.chunk",
+                Kind::Completion => "text_completion",
+            };
+            let body = json!({
+                "id": self.id,
+                "object": object,
+                "created": self.created,
+                "model": self.state.model_name,
+                "choices": [],
+                "usage": usage(self.prompt_tokens, completion_tokens),
+            });
+            let _ = tx
+                .send(Ok(SseEvent::default().data(body.to_string())))
+                .await;
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+    }
+}
+
+async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: TokenizeRequest = parse(&body)?;
+    if let Some(m) = &req.model {
+        check_model(&state, m)?;
+    }
+    let tokens = match (&req.prompt, &req.messages) {
+        (Some(p), None) => {
+            let bos = req.add_special_tokens.unwrap_or(true) && state.tokenizer.add_bos_default();
+            state.tokenizer.encode(p, bos, true).map_err(internal)?
+        }
+        (None, Some(m)) => chat_prompt(&state, m)?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of 'prompt' (text) or 'messages' (a chat)",
+            ))
+        }
+    };
+    Ok(Json(json!({
+        "count": tokens.len(),
+        "max_model_len": state.engine.ctx,
+        "tokens": tokens,
+    })))
+}
+
+async fn detokenize(State(state): State<Shared>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: DetokenizeRequest = parse(&body)?;
+    if let Some(m) = &req.model {
+        check_model(&state, m)?;
+    }
+    let vocab = state.tokenizer.vocab_size();
+    if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token id {bad} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    let text = state.tokenizer.decode(&req.tokens).map_err(internal)?;
+    Ok(Json(json!({ "prompt": text })))
+}
