@@ -328,6 +328,11 @@ impl KvCache {
         Ok(i)
     }
 
+    /// Sequence slots not in use.
+    pub fn free_sequences(&self) -> usize {
+        self.in_use.iter().filter(|u| !**u).count()
+    }
+
     /// Ends a sequence; its slot is free for the next one.
     pub fn remove_sequence(&mut self, seq: SeqId) {
         if let Some(u) = self.in_use.get_mut(seq) {

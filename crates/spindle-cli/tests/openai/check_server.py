@@ -272,6 +272,28 @@ def wait_idle():
     raise AssertionError(f"the server did not return to idle: {m}")
 
 
+@check("a repeated system prompt hits the prefix cache, with unchanged output")
+def _():
+    system = {"role": "system", "content": "You are a careful assistant for a hardware shop. " * 6}
+    ask = lambda q: client.chat.completions.create(
+        model=MODEL, messages=[system, {"role": "user", "content": q}], max_tokens=12, temperature=0)
+    wait_idle()
+    before = metrics()
+    first = ask("Which hammer should I buy?")
+    between = metrics()
+    second = ask("Do you sell nails?")
+    after = metrics()
+    hits = after["spindle:prefix_cache_hits_total"] - between["spindle:prefix_cache_hits_total"]
+    queries = after["spindle:prefix_cache_queries_total"] - between["spindle:prefix_cache_queries_total"]
+    assert queries == second.usage.prompt_tokens, (queries, second.usage.prompt_tokens)
+    assert hits >= 60, f"only {hits} of {queries} prompt tokens came from the cache"
+    assert between["spindle:prefix_cache_queries_total"] > before["spindle:prefix_cache_queries_total"]
+    # The cached KV is what a fresh prefill computes: the same question
+    # again, now mostly from the cache, gives the same reply.
+    again = ask("Which hammer should I buy?")
+    assert again.choices[0].message.content == first.choices[0].message.content
+
+
 @check("a client that disconnects mid-stream frees its KV")
 def _():
     wait_idle()

@@ -111,6 +111,8 @@ pub fn spawn_engine(model: Model, kv: KvCache, config: EngineConfig) -> EngineHa
                 queued,
                 waiting: FairQueue::new(config.fair),
                 running: Vec::new(),
+                cached: Vec::new(),
+                clock: 0,
             };
             engine.run(rx);
         })
@@ -132,6 +134,8 @@ struct Running {
     pending: Option<u32>,
     last_token_at: Option<Instant>,
     done: bool,
+    /// Ended with an error: its KV is not kept.
+    failed: bool,
 }
 
 struct Waiting {
@@ -147,6 +151,19 @@ struct EngineLoop {
     queued: Arc<AtomicUsize>,
     waiting: FairQueue<Waiting>,
     running: Vec<Running>,
+    /// Sequences of finished requests, kept with their KV until their slot
+    /// is needed: a new prompt that starts with the same tokens continues
+    /// from there (prefix cache).
+    cached: Vec<Cached>,
+    /// Counts admissions, to find the least recently used cached sequence.
+    clock: u64,
+}
+
+/// A finished request's sequence and the tokens its KV holds.
+struct Cached {
+    seq: SeqId,
+    tokens: Vec<u32>,
+    last_used: u64,
 }
 
 /// What one running sequence contributes to a pass.
@@ -191,31 +208,75 @@ impl EngineLoop {
         );
     }
 
+    /// Moves finished and cancelled sequences out of the running set; their
+    /// KV stays as a prefix cache unless the request failed.
     fn drop_cancelled(&mut self) {
-        let kv = &mut self.kv;
-        self.running.retain(|r| {
-            let keep = !r.done && !r.req.events.is_closed();
-            if !keep {
-                kv.remove_sequence(r.seq);
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &self.running[i];
+            if !r.done && !r.req.events.is_closed() {
+                i += 1;
+                continue;
             }
-            keep
-        });
+            let r = self.running.swap_remove(i);
+            let len = self.kv.seq_len(r.seq);
+            if r.failed || len == 0 {
+                self.kv.remove_sequence(r.seq);
+            } else {
+                let mut tokens = r.history;
+                tokens.truncate(len);
+                self.cached.push(Cached {
+                    seq: r.seq,
+                    tokens,
+                    last_used: self.clock,
+                });
+            }
+        }
         let before = self.waiting.len();
         self.waiting.retain(|w| !w.req.events.is_closed());
         let dropped = before - self.waiting.len();
         self.queued.fetch_sub(dropped, Ordering::SeqCst);
     }
 
+    /// A sequence for `prompt` and how many of its tokens it already holds:
+    /// the cached sequence sharing the longest prefix with it (at least one
+    /// prompt token is left to run, for the first logits), else a free
+    /// slot, else the least recently used cached sequence, emptied.
+    fn sequence_for(&mut self, prompt: &[u32]) -> Option<(SeqId, usize)> {
+        let common = |t: &[u32]| {
+            t.iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len().saturating_sub(1))
+        };
+        let best = (0..self.cached.len())
+            .map(|i| (common(&self.cached[i].tokens), i))
+            .max();
+        if let Some((n, i)) = best.filter(|&(n, _)| n > 0) {
+            let seq = self.cached[i].seq;
+            // A sliding window may no longer hold what position `n` needs.
+            if self.kv.truncate(seq, n).is_ok() {
+                self.cached.swap_remove(i);
+                return Some((seq, n));
+            }
+        }
+        if self.kv.free_sequences() == 0 {
+            let lru = (0..self.cached.len()).min_by_key(|&i| self.cached[i].last_used)?;
+            let old = self.cached.swap_remove(lru);
+            self.kv.remove_sequence(old.seq);
+        }
+        self.kv.add_sequence().ok().map(|seq| (seq, 0))
+    }
+
     fn admit(&mut self) {
         if self.config.static_batching && !self.running.is_empty() {
             return;
         }
-        while !self.waiting.is_empty() {
-            let Ok(seq) = self.kv.add_sequence() else {
-                break;
-            };
+        while !self.waiting.is_empty() && self.kv.free_sequences() + self.cached.len() > 0 {
             let w = self.waiting.pop().expect("not empty");
             self.queued.fetch_sub(1, Ordering::SeqCst);
+            self.clock += 1;
             let ctx = self.kv.max_len();
             let problem = if w.req.prompt.is_empty() {
                 Some("the prompt is empty: give at least one token".to_string())
@@ -229,28 +290,34 @@ impl EngineLoop {
             };
             if let Some(msg) = problem {
                 let _ = w.req.events.send(Event::Error(msg));
-                self.kv.remove_sequence(seq);
                 continue;
             }
-            self.metrics
-                .prompt_tokens
+            let Some((seq, reused)) = self.sequence_for(&w.req.prompt) else {
+                let _ = w.req.events.send(Event::Error("no KV slot is free".into()));
+                continue;
+            };
+            let m = &self.metrics;
+            m.prompt_tokens
                 .fetch_add(w.req.prompt.len() as u64, Ordering::Relaxed);
+            m.prefix_cache_queries
+                .fetch_add(w.req.prompt.len() as u64, Ordering::Relaxed);
+            m.prefix_cache_hits
+                .fetch_add(reused as u64, Ordering::Relaxed);
             let history = w.req.prompt.clone();
             let mut r = Running {
                 req: w.req,
                 seq,
                 arrived: w.arrived,
-                fed: 0,
+                fed: reused,
                 history,
                 generated: 0,
                 pending: None,
                 last_token_at: None,
                 done: false,
+                failed: false,
             };
             if r.req.params.max_tokens == 0 {
                 finish(&self.metrics, &mut r, FinishReason::Length);
-                self.kv.remove_sequence(seq);
-                continue;
             }
             self.running.push(r);
         }
@@ -310,7 +377,15 @@ impl EngineLoop {
         if batch.is_empty() {
             return;
         }
-        let logits = match self.model.forward(&batch, &mut self.kv) {
+        let t = Instant::now();
+        let result = self.model.forward(&batch, &mut self.kv);
+        tracing::debug!(
+            rows = batch.len(),
+            sequences = parts.len(),
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "pass"
+        );
+        let logits = match result {
             Ok(l) => l,
             Err(e) => {
                 // Nothing of the pass is committed; its requests end with
@@ -320,6 +395,7 @@ impl EngineLoop {
                     let r = &mut self.running[p.running];
                     let _ = r.req.events.send(Event::Error(msg.clone()));
                     r.done = true;
+                    r.failed = true;
                 }
                 return;
             }
