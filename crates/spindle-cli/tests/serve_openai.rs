@@ -71,14 +71,22 @@ fn client_available() -> bool {
     ok
 }
 
-/// `spindle run` greedy output: the reference the server must reproduce.
-fn solo(model: &Path, prompt: &str) -> String {
+/// `spindle run` output without speculation: the reference the server
+/// (which speculates) must reproduce; greedy, or temperature 0.8, top-p 0.9,
+/// seed 11 and no other filter.
+fn solo(model: &Path, prompt: &str, greedy: bool) -> String {
+    let sampling: &[&str] = if greedy {
+        &["--temp", "0"]
+    } else {
+        &[
+            "--temp", "0.8", "--top-p", "0.9", "--top-k", "0", "--min-p", "0", "--seed", "11",
+        ]
+    };
     let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
         .args(["run", "-m"])
         .arg(model)
-        .args([
-            "-p", prompt, "-n", "24", "--temp", "0", "--spec", "off", "--json",
-        ])
+        .args(["-p", prompt, "-n", "24", "--spec", "off", "--json"])
+        .args(sampling)
         .output()
         .expect("spindle run");
     assert!(
@@ -98,11 +106,15 @@ fn openai_client_against_a_live_server() {
     if !client_available() {
         return;
     }
-    let solos: serde_json::Map<String, serde_json::Value> =
-        ["The history of the bicycle begins", "def fibonacci(n):"]
+    let prompts = ["The history of the bicycle begins", "def fibonacci(n):"];
+    let reference = |greedy: bool| {
+        let map: serde_json::Map<String, serde_json::Value> = prompts
             .iter()
-            .map(|p| (p.to_string(), solo(&model, p).into()))
+            .map(|p| (p.to_string(), solo(&model, p, greedy).into()))
             .collect();
+        serde_json::Value::Object(map).to_string()
+    };
+    let (greedy, sampled) = (reference(true), reference(false));
     let key = "test-key-123";
     let server = start(
         &model,
@@ -120,7 +132,8 @@ fn openai_client_against_a_live_server() {
         .env("SPINDLE_KEY", key)
         .env("SPINDLE_SMALL_URL", &small.url)
         .env("SPINDLE_MODEL", "gemma-3-270m-q4_k_m")
-        .env("SPINDLE_SOLO", serde_json::Value::Object(solos).to_string())
+        .env("SPINDLE_SOLO", greedy)
+        .env("SPINDLE_SOLO_SAMPLED", sampled)
         .status()
         .expect("python3 runs");
     assert!(

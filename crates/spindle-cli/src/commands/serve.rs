@@ -46,6 +46,14 @@ pub struct ServeArgs {
     /// batching, for comparison).
     #[arg(long = "static-batching")]
     pub static_batching: bool,
+    /// Speculative decoding inside the batch: auto or ngram (n-gram drafts
+    /// from each request's own text, tree size chosen each pass from pass
+    /// costs and acceptance) or off. The output is the same either way.
+    #[arg(long, default_value = "auto")]
+    pub spec: String,
+    /// Largest tree per sequence (1-64).
+    #[arg(long = "spec-budget", default_value_t = 16)]
+    pub spec_budget: usize,
 }
 
 /// Context per sequence when neither --ctx nor --kv-memory is given.
@@ -55,6 +63,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_seqs == 0 || args.max_batch_tokens == 0 {
         bail!("--max-seqs and --max-batch-tokens must be at least 1");
     }
+    if !(1..=64).contains(&args.spec_budget) {
+        bail!(
+            "--spec-budget {} is out of range: give 1 to 64",
+            args.spec_budget
+        );
+    }
+    let spec_budget = match args.spec.as_str() {
+        "off" => None,
+        "auto" | "ngram" => Some(args.spec_budget),
+        s => bail!("--spec '{s}': the server drafts with n-grams only; give auto, ngram or off"),
+    };
     let path = args.model.resolve()?;
     let model_ctx = spindle_plan::ModelShape::from_path(&path)
         .with_context(|| format!("cannot plan {}", path.display()))?
@@ -81,6 +100,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             max_waiting: args.max_waiting,
             fair: !args.fifo,
             static_batching: args.static_batching,
+            spec_budget,
         },
     );
     let mut state = AppState::new(engine, tok, name.clone(), args.api_key.clone());

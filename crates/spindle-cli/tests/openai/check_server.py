@@ -5,8 +5,9 @@ Run by tests/serve_openai.rs, which starts the servers and passes:
   SPINDLE_KEY        that key
   SPINDLE_SMALL_URL  a server with one sequence slot and one waiting place (429)
   SPINDLE_MODEL      the served model name
-  SPINDLE_SOLO       JSON: {prompt: text} of `spindle run --temp 0` outputs,
-                     an independent reference for greedy completions
+  SPINDLE_SOLO       JSON: {prompt: text} of `spindle run --temp 0 --spec off`
+                     outputs, an independent reference for greedy completions
+  SPINDLE_SOLO_SAMPLED  the same at temperature 0.8, top-p 0.9, seed 11
 Each check prints its name; any failure raises.
 """
 
@@ -25,6 +26,7 @@ KEY = os.environ["SPINDLE_KEY"]
 SMALL = os.environ["SPINDLE_SMALL_URL"]
 MODEL = os.environ["SPINDLE_MODEL"]
 SOLO = json.loads(os.environ["SPINDLE_SOLO"])
+SOLO_SAMPLED = json.loads(os.environ["SPINDLE_SOLO_SAMPLED"])
 ROOT = URL[: -len("/v1")]
 
 client = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=120)
@@ -98,6 +100,27 @@ def _():
         assert c.finish_reason == "length"
         assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens > 0
         assert r.usage.total_tokens == r.usage.prompt_tokens + 24
+
+
+@check("sampled completions (server speculating) equal `spindle run --spec off`")
+def _():
+    for prompt, want in SOLO_SAMPLED.items():
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0.8, top_p=0.9, seed=11)
+        assert r.choices[0].text == want, (r.choices[0].text, want)
+
+
+@check("speculation in the batch drafts and is accepted on repetitive text")
+def _():
+    before = metrics()
+    prompt = "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3,"
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=64, temperature=0, extra_body={"ignore_eos": True})
+    after = metrics()
+    d = lambda k: after[k] - before[k]
+    drafted, accepted = d("spindle:spec_decode_num_draft_tokens_total"), d("spindle:spec_decode_num_accepted_tokens_total")
+    passes = d("spindle:num_forward_passes_total")
+    assert accepted > 16 and drafted >= accepted, (drafted, accepted)
+    assert passes < 64, f"{passes} passes for 64 tokens"
+    assert r.choices[0].text.startswith(" 1, 2, 3"), r.choices[0].text
 
 
 @check("chat: streamed deltas add up to the whole reply, usage at the end")

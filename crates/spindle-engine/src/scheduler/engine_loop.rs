@@ -15,6 +15,11 @@ use std::time::Instant;
 
 use spindle_model::{Batch, KvCache, Model, Row, SeqId};
 
+use crate::error::EngineError;
+use crate::spec::tree::{TokenTree, MAX_DEPTH};
+use crate::spec::verify::{likeliest_path, LazyLogits};
+use crate::spec::{Adaptive, CostLine, Drafter, NgramDrafter};
+
 use super::metrics::Metrics;
 use super::queue::FairQueue;
 use super::request::{Event, Finished, Request, TokenLogprobs};
@@ -33,6 +38,10 @@ pub struct EngineConfig {
     /// Admit new requests only when no sequence is running (static
     /// batching, for comparison in `bench/serve`).
     pub static_batching: bool,
+    /// Speculative decoding with n-gram drafts, trees of at most this many
+    /// nodes per sequence, sized each pass by the adaptive policy (`None`:
+    /// off).
+    pub spec_budget: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +51,7 @@ impl Default for EngineConfig {
             max_waiting: 1024,
             fair: true,
             static_batching: false,
+            spec_budget: Some(16),
         }
     }
 }
@@ -113,6 +123,7 @@ pub fn spawn_engine(model: Model, kv: KvCache, config: EngineConfig) -> EngineHa
                 running: Vec::new(),
                 cached: Vec::new(),
                 clock: 0,
+                cost: CostLine::default(),
             };
             engine.run(rx);
         })
@@ -136,6 +147,31 @@ struct Running {
     done: bool,
     /// Ended with an error: its KV is not kept.
     failed: bool,
+    /// Speculative decoding, when on.
+    spec: Option<SeqSpec>,
+}
+
+/// A sequence's drafter and tree-size policy.
+struct SeqSpec {
+    drafter: NgramDrafter,
+    policy: Adaptive,
+}
+
+impl SeqSpec {
+    /// The tree to verify after the pending token (empty: plain decoding).
+    fn draft(&mut self, history: &[u32], depth: usize) -> TokenTree {
+        let ask = self.policy.draft_len(depth);
+        if ask == 0 {
+            return TokenTree::default();
+        }
+        let t = Instant::now();
+        let drafts = self.drafter.propose(history, ask).unwrap_or_default();
+        let drafted: usize = drafts.iter().map(|d| d.tokens.len()).sum();
+        self.policy.record_draft(drafted, t.elapsed().as_secs_f64());
+        let full = TokenTree::build(&drafts, self.policy.max_nodes);
+        let keep = self.policy.choose(&full);
+        full.cut(keep)
+    }
 }
 
 struct Waiting {
@@ -157,6 +193,8 @@ struct EngineLoop {
     cached: Vec<Cached>,
     /// Counts admissions, to find the least recently used cached sequence.
     clock: u64,
+    /// What passes cost by rows, for the speculative policies.
+    cost: CostLine,
 }
 
 /// A finished request's sequence and the tokens its KV holds.
@@ -174,6 +212,8 @@ struct Part {
     prompt_tokens: usize,
     /// The row whose logits choose the next token, if any.
     logits_row: Option<usize>,
+    /// The drafted tree verified after the pending token (rows after it).
+    tree: TokenTree,
 }
 
 impl EngineLoop {
@@ -315,6 +355,10 @@ impl EngineLoop {
                 last_token_at: None,
                 done: false,
                 failed: false,
+                spec: self.config.spec_budget.map(|b| SeqSpec {
+                    drafter: NgramDrafter::default(),
+                    policy: Adaptive::new(b),
+                }),
             };
             if r.req.params.max_tokens == 0 {
                 finish(&self.metrics, &mut r, FinishReason::Length);
@@ -333,31 +377,62 @@ impl EngineLoop {
         m.kv_used.store(used as u64, Ordering::Relaxed);
     }
 
-    /// One pass over every running sequence.
+    /// One pass over every running sequence: each decoding sequence's
+    /// pending token with its drafted tree, then prompt chunks.
     fn step(&mut self) {
         let mut batch = Batch::new();
         let mut parts = Vec::new();
-        for (i, r) in self.running.iter().enumerate() {
-            if let Some(token) = r.pending {
-                let at = batch.push(Row {
-                    token,
-                    pos: r.history.len() - 1,
+        let max_len = self.kv.max_len();
+        let n_decode = self.running.iter().filter(|r| r.pending.is_some()).count();
+        let cost = self.cost.fit();
+        for (i, r) in self.running.iter_mut().enumerate() {
+            let Some(token) = r.pending else {
+                continue;
+            };
+            let p = r.history.len() - 1;
+            let tree = match &mut r.spec {
+                Some(spec) => {
+                    if let Some((fixed, per_row)) = cost {
+                        // This sequence's share of the fixed cost, and what
+                        // each of its rows adds.
+                        spec.policy
+                            .set_pass_cost(fixed / n_decode as f64 + per_row, per_row);
+                    }
+                    let depth = MAX_DEPTH
+                        .min(r.req.params.max_tokens - r.generated)
+                        .min(max_len.saturating_sub(p + 2));
+                    spec.draft(&r.history, depth)
+                }
+                None => TokenTree::default(),
+            };
+            let root = batch.push(Row {
+                token,
+                pos: p,
+                seq: r.seq,
+                parent: None,
+                logits: true,
+            });
+            for n in &tree.nodes {
+                batch.push(Row {
+                    token: n.token,
+                    pos: p + n.depth,
                     seq: r.seq,
-                    parent: None,
+                    parent: Some(n.parent.map_or(root, |q| root + 1 + q)),
                     logits: true,
                 });
-                parts.push(Part {
-                    running: i,
-                    rows: at..at + 1,
-                    prompt_tokens: 0,
-                    logits_row: Some(at),
-                });
             }
+            parts.push(Part {
+                running: i,
+                rows: root..root + 1 + tree.len(),
+                prompt_tokens: 0,
+                logits_row: Some(root),
+                tree,
+            });
         }
         let mut budget = self.config.max_batch_tokens.saturating_sub(batch.len());
         for (i, r) in self.running.iter().enumerate() {
             let left = r.req.prompt.len() - r.fed;
-            if left == 0 || budget == 0 {
+            if left == 0 || budget == 0 || r.pending.is_some() || r.done {
                 continue;
             }
             let take = left.min(budget);
@@ -372,20 +447,15 @@ impl EngineLoop {
                 rows,
                 prompt_tokens: take,
                 logits_row,
+                tree: TokenTree::default(),
             });
         }
         if batch.is_empty() {
             return;
         }
         let t = Instant::now();
-        let result = self.model.forward(&batch, &mut self.kv);
-        tracing::debug!(
-            rows = batch.len(),
-            sequences = parts.len(),
-            ms = t.elapsed().as_secs_f64() * 1e3,
-            "pass"
-        );
-        let logits = match result {
+        let result = self.pass(&batch, &parts);
+        let mut logits = match result {
             Ok(l) => l,
             Err(e) => {
                 // Nothing of the pass is committed; its requests end with
@@ -402,26 +472,108 @@ impl EngineLoop {
         };
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         for p in parts {
-            let rows: Vec<usize> = p.rows.clone().collect();
-            let r = &mut self.running[p.running];
-            if let Err(e) = self.kv.commit(r.seq, &rows) {
-                let _ = r
-                    .req
-                    .events
-                    .send(Event::Error(format!("KV commit failed: {e}")));
+            if let Err(e) = self.finish_part(&p, &mut logits, max_len) {
+                let r = &mut self.running[p.running];
+                let _ = r.req.events.send(Event::Error(e));
                 r.done = true;
-                continue;
-            }
-            r.fed += p.prompt_tokens;
-            let Some(row) = p.logits_row else {
-                continue;
-            };
-            let row_logits = logits.row(row).expect("the row asked for logits");
-            let max_len = self.kv.max_len();
-            if let Some(reason) = emit(r, row_logits, max_len, &self.metrics) {
-                finish(&self.metrics, r, reason);
+                r.failed = true;
             }
         }
+        let seconds = t.elapsed().as_secs_f64();
+        self.cost.record(batch.len(), seconds);
+        tracing::debug!(
+            rows = batch.len(),
+            sequences = self.running.len(),
+            ms = seconds * 1e3,
+            "pass"
+        );
+    }
+
+    /// The pass itself, and the head over the rows the walks will read
+    /// first: every prompt's last row and each tree's likeliest path.
+    fn pass(&mut self, batch: &Batch, parts: &[Part]) -> Result<LazyLogits, EngineError> {
+        let hidden = self.model.forward_hidden(batch, &mut self.kv)?;
+        let mut logits = LazyLogits::new(hidden);
+        let first: Vec<usize> = parts
+            .iter()
+            .filter_map(|p| p.logits_row.map(|row| likeliest_path(&p.tree, row, row)))
+            .flatten()
+            .collect();
+        logits.compute(&self.model, &first)?;
+        Ok(logits)
+    }
+
+    /// Commits what a sequence keeps of the pass and emits its tokens: a
+    /// prompt chunk, or a walk down the verified tree from the pending
+    /// token, sampling the model's own token at each node.
+    fn finish_part(
+        &mut self,
+        p: &Part,
+        logits: &mut LazyLogits,
+        max_len: usize,
+    ) -> Result<(), String> {
+        let r = &mut self.running[p.running];
+        let Some(root) = p.logits_row else {
+            let rows: Vec<usize> = p.rows.clone().collect();
+            self.kv
+                .commit(r.seq, &rows)
+                .map_err(|e| format!("KV commit failed: {e}"))?;
+            r.fed += p.prompt_tokens;
+            return Ok(());
+        };
+        if p.prompt_tokens > 0 {
+            let rows: Vec<usize> = p.rows.clone().collect();
+            self.kv
+                .commit(r.seq, &rows)
+                .map_err(|e| format!("KV commit failed: {e}"))?;
+            r.fed += p.prompt_tokens;
+        }
+        let tree = &p.tree;
+        let mut path = vec![root];
+        let mut node = None;
+        let mut rejected = false;
+        let mut finished = None;
+        loop {
+            let row = *path.last().expect("the path starts at the root");
+            let l = logits
+                .row(&self.model, row, || likeliest_path(tree, root, row))
+                .map_err(|e| format!("the output head failed: {e}"))?;
+            if let Some(reason) = emit(r, l, max_len, &self.metrics) {
+                finished = Some(reason);
+                break;
+            }
+            let t = r.pending.expect("emit leaves the token pending");
+            match tree.child(node, t) {
+                Some(c) => {
+                    node = Some(c);
+                    path.push(root + 1 + c);
+                }
+                None => {
+                    rejected = tree.nodes.iter().any(|n| n.parent == node);
+                    break;
+                }
+            }
+        }
+        if p.prompt_tokens == 0 {
+            self.kv
+                .commit(r.seq, &path)
+                .map_err(|e| format!("KV commit failed: {e}"))?;
+        }
+        let accepted = path.len() - 1;
+        if let Some(spec) = &mut r.spec {
+            if !tree.is_empty() {
+                spec.policy.record_acceptance(accepted, rejected);
+            }
+        }
+        let m = &self.metrics;
+        m.spec_drafted
+            .fetch_add(tree.len() as u64, Ordering::Relaxed);
+        m.spec_accepted
+            .fetch_add(accepted as u64, Ordering::Relaxed);
+        if let Some(reason) = finished {
+            finish(m, r, reason);
+        }
+        Ok(())
     }
 }
 

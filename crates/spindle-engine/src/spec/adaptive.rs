@@ -197,6 +197,14 @@ impl Adaptive {
         }
     }
 
+    /// Replaces the fitted pass-cost line: in a shared batch the caller
+    /// knows better what this sequence's rows cost (its share of the fixed
+    /// cost, and the marginal cost of a row).
+    pub fn set_pass_cost(&mut self, one_row: f64, per_row: f64) {
+        self.one_row = Some(one_row);
+        self.per_row = Some(per_row);
+    }
+
     /// The walk of a verified tree accepted `accepted` drafted tokens, then
     /// stopped: `rejected` when the tree offered a next token and the model
     /// chose another (not when it ran out of tree, or generation ended).
@@ -210,6 +218,48 @@ impl Adaptive {
     }
 }
 
+/// `seconds = fixed + per_row * rows`, fitted by least squares to recent
+/// passes (older ones fade): what a pass of a shared batch costs.
+#[derive(Debug, Clone, Default)]
+pub struct CostLine {
+    /// Decayed sums of 1, rows, seconds, rows^2 and rows * seconds.
+    n: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+impl CostLine {
+    /// How much an old pass still counts after each new one.
+    const DECAY: f64 = 0.98;
+
+    pub fn record(&mut self, rows: usize, seconds: f64) {
+        let x = rows as f64;
+        for (sum, v) in [
+            (&mut self.n, 1.0),
+            (&mut self.x, x),
+            (&mut self.y, seconds),
+            (&mut self.xx, x * x),
+            (&mut self.xy, x * seconds),
+        ] {
+            *sum = *sum * Self::DECAY + v;
+        }
+    }
+
+    /// `(fixed, per_row)`, once passes of different sizes were seen; the
+    /// slope is kept at least 0.
+    pub fn fit(&self) -> Option<(f64, f64)> {
+        let var = self.n * self.xx - self.x * self.x;
+        if self.n < 2.0 || var <= 1e-9 * self.n * self.n {
+            return None;
+        }
+        let slope = ((self.n * self.xy - self.x * self.y) / var).max(0.0);
+        let fixed = ((self.y - slope * self.x) / self.n).max(0.0);
+        Some((fixed, slope))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{Draft, TokenTree};
@@ -217,6 +267,22 @@ mod tests {
 
     fn tree(p: f32, n: usize) -> TokenTree {
         TokenTree::build(&[Draft::uniform((0..n as u32).collect(), p)], 64)
+    }
+
+    #[test]
+    fn the_cost_line_recovers_fixed_and_per_row_costs() {
+        let mut c = CostLine::default();
+        assert_eq!(c.fit(), None);
+        c.record(4, 0.030);
+        c.record(4, 0.030);
+        assert_eq!(c.fit(), None, "one size says nothing about the slope");
+        for r in [1, 8, 3, 16, 2] {
+            c.record(r, 0.010 + 0.002 * r as f64);
+        }
+        let (fixed, per_row) = c.fit().unwrap();
+        // The first two passes (4 rows, 30 ms) sit above the line.
+        assert!((per_row - 0.002).abs() < 0.0005, "{per_row}");
+        assert!(fixed > 0.008 && fixed < 0.016, "{fixed}");
     }
 
     #[test]

@@ -13,11 +13,12 @@
 
 use std::time::Instant;
 
-use spindle_model::{Batch, Hidden, KvCache, Logits, Model, Row, SeqId};
+use spindle_model::{Batch, KvCache, Model, Row, SeqId};
 
 use super::adaptive::Adaptive;
 use super::drafter::Drafter;
 use super::tree::{TokenTree, MAX_DEPTH};
+use super::verify::{likeliest_path, LazyLogits};
 use crate::error::EngineError;
 use crate::generate::{prefill, FinishReason, GenerateOutput, GenerateRequest, GenerateStats};
 use crate::sampler::sample;
@@ -158,7 +159,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
                 });
             }
             let t = Instant::now();
-            let mut logits = TreeLogits::new(self.model.forward_hidden(&batch, kv)?);
+            let mut logits = LazyLogits::new(self.model.forward_hidden(&batch, kv)?);
             stats.passes += 1;
             stats.decode_passes += 1;
             stats.drafted += tree.len();
@@ -169,7 +170,8 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             let mut rejected = false;
             pending = loop {
                 let row = *path.last().expect("the path starts at the root");
-                let step = self.step(logits.row(self.model, &tree, row)?, max_len);
+                let l = logits.row(self.model, row, || likeliest_path(&tree, 0, row))?;
+                let step = self.step(l, max_len);
                 let Step::Continue(t) = step else {
                     break step;
                 };
@@ -197,63 +199,5 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             finish,
             stats,
         })
-    }
-}
-
-/// The logits of a verification pass's rows, computed when the walk needs
-/// them. The output head is most of a row's cost (262k logits against a few
-/// million weights per layer), and the walk reads only the rows on its
-/// path, so the head runs first over the likeliest path (the pending row
-/// and, from each node, its likeliest child) and again only when the walk
-/// takes another branch. Each row's logits are bit-identical however the
-/// rows are grouped (see [`Model::logits`]).
-struct TreeLogits {
-    hidden: Hidden,
-    computed: Vec<Logits>,
-}
-
-impl TreeLogits {
-    fn new(hidden: Hidden) -> TreeLogits {
-        TreeLogits {
-            hidden,
-            computed: Vec::new(),
-        }
-    }
-
-    /// Logits of batch row `row` (0: the pending token; tree node `i`: row
-    /// `i + 1`).
-    fn row(&mut self, model: &Model, tree: &TokenTree, row: usize) -> Result<&[f32], EngineError> {
-        let at = self.computed.iter().position(|l| l.rows.contains(&row));
-        let at = match at {
-            Some(at) => at,
-            None => {
-                let rows = likeliest_path(tree, row);
-                self.computed.push(model.logits(&self.hidden, &rows)?);
-                self.computed.len() - 1
-            }
-        };
-        Ok(self.computed[at].row(row).expect("computed above"))
-    }
-}
-
-/// Batch row `row` and the rows of its likeliest descendants: from each
-/// node, the child the drafters rated likeliest to be reached.
-fn likeliest_path(tree: &TokenTree, row: usize) -> Vec<usize> {
-    let mut rows = vec![row];
-    let mut node = row.checked_sub(1);
-    loop {
-        let next = tree
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.parent == node)
-            .max_by(|(a, x), (b, y)| x.reach.total_cmp(&y.reach).then(b.cmp(a)));
-        match next {
-            Some((i, _)) => {
-                rows.push(i + 1);
-                node = Some(i);
-            }
-            None => return rows,
-        }
     }
 }

@@ -11,8 +11,9 @@ pub mod adaptive;
 pub mod decode;
 pub mod ngram;
 pub mod tree;
+pub mod verify;
 
-pub use adaptive::Adaptive;
+pub use adaptive::{Adaptive, CostLine};
 pub use decode::{generate_speculative, generate_speculative_on};
 pub use ngram::NgramDrafter;
 pub use tree::TokenTree;

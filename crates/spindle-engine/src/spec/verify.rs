@@ -1,0 +1,110 @@
+//! Verification helpers shared by single-sequence speculation and the
+//! serving loop: the output head computed only for the rows a walk visits.
+
+use spindle_model::{Hidden, Logits, Model};
+
+use super::tree::TokenTree;
+use crate::error::EngineError;
+
+/// The logits of a pass's rows, computed when they are needed. The output
+/// head is most of a row's cost (262k logits against a few million weights
+/// per layer), and a walk over a verified tree reads only the rows on its
+/// path, so the head runs first over the rows expected to be read (each
+/// tree's likeliest path) and again only when a walk takes another branch.
+/// Each row's logits are bit-identical however rows are grouped (see
+/// [`Model::logits`]).
+pub struct LazyLogits {
+    hidden: Hidden,
+    computed: Vec<Logits>,
+}
+
+impl LazyLogits {
+    pub fn new(hidden: Hidden) -> LazyLogits {
+        LazyLogits {
+            hidden,
+            computed: Vec::new(),
+        }
+    }
+
+    fn find(&self, row: usize) -> Option<usize> {
+        self.computed.iter().position(|l| l.rows.contains(&row))
+    }
+
+    /// Runs the head over `rows` (those not computed yet), in one call.
+    pub fn compute(&mut self, model: &Model, rows: &[usize]) -> Result<(), EngineError> {
+        let todo: Vec<usize> = rows
+            .iter()
+            .copied()
+            .filter(|&r| self.find(r).is_none())
+            .collect();
+        if !todo.is_empty() {
+            self.computed.push(model.logits(&self.hidden, &todo)?);
+        }
+        Ok(())
+    }
+
+    /// Logits of batch row `row`; if they are not computed yet, the head
+    /// runs over `more()` (which should include `row`) and `row`.
+    pub fn row(
+        &mut self,
+        model: &Model,
+        row: usize,
+        more: impl FnOnce() -> Vec<usize>,
+    ) -> Result<&[f32], EngineError> {
+        if self.find(row).is_none() {
+            let mut rows = more();
+            if !rows.contains(&row) {
+                rows.insert(0, row);
+            }
+            self.compute(model, &rows)?;
+        }
+        let at = self.find(row).expect("computed above");
+        Ok(self.computed[at].row(row).expect("computed above"))
+    }
+}
+
+/// Batch row `row` and the rows of its likeliest descendants in `tree`,
+/// whose root (the pending token) is batch row `root` and whose node `i` is
+/// batch row `root + 1 + i`: from each node, the child the drafters rated
+/// likeliest to be reached.
+pub fn likeliest_path(tree: &TokenTree, root: usize, row: usize) -> Vec<usize> {
+    let mut rows = vec![row];
+    let mut node = (row > root).then(|| row - root - 1);
+    loop {
+        let next = tree
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.parent == node)
+            .max_by(|(a, x), (b, y)| x.reach.total_cmp(&y.reach).then(b.cmp(a)));
+        match next {
+            Some((i, _)) => {
+                rows.push(root + 1 + i);
+                node = Some(i);
+            }
+            None => return rows,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Draft;
+    use super::*;
+
+    #[test]
+    fn the_likeliest_path_follows_the_best_child() {
+        // Root children: 1 (.9) -> 2 (.81); 5 (.5).
+        let t = TokenTree::build(
+            &[
+                Draft::uniform(vec![1, 2], 0.9),
+                Draft::uniform(vec![5], 0.5),
+            ],
+            16,
+        );
+        // Nodes: 0 = 1, 1 = 2, 2 = 5; with the root at batch row 3.
+        assert_eq!(likeliest_path(&t, 3, 3), vec![3, 4, 5]);
+        assert_eq!(likeliest_path(&t, 3, 6), vec![6]);
+        assert_eq!(likeliest_path(&TokenTree::default(), 0, 0), vec![0]);
+    }
+}
