@@ -20,7 +20,7 @@ fn tiny(arch: &str) -> LoadedModel {
 }
 
 fn sampler(i: u64) -> SamplerConfig {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         SamplerConfig::default()
     } else {
         SamplerConfig {
@@ -36,7 +36,7 @@ fn sampler(i: u64) -> SamplerConfig {
 /// (n-gram drafts).
 fn prompt(i: u64) -> Vec<u32> {
     let mut p: Vec<u32> = (0..12).map(|k| (k * 17 + 3) % 200).collect();
-    p.extend((0..(i % 5) * 3).map(|k| ((k as u64 * 31 + i * 7) % 150) as u32 + 20));
+    p.extend((0..(i % 5) * 3).map(|k| ((k * 31 + i * 7) % 150) as u32 + 20));
     p.extend([5, 6, 7, 5, 6, 7, 5, 6]);
     p
 }
