@@ -124,6 +124,7 @@ fn openai_client_against_a_live_server() {
         &model,
         &["--max-seqs", "1", "--max-waiting", "1", "--ctx", "512"],
     );
+    let impatient = start(&model, &["--max-seqs", "1", "--request-timeout", "1"]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai/check_server.py");
     let status = Command::new("python3")
         .arg(&script)
@@ -131,6 +132,7 @@ fn openai_client_against_a_live_server() {
         .env("SPINDLE_URL", &server.url)
         .env("SPINDLE_KEY", key)
         .env("SPINDLE_SMALL_URL", &small.url)
+        .env("SPINDLE_TIMEOUT_URL", &impatient.url)
         .env("SPINDLE_MODEL", "gemma-3-270m-q4_k_m")
         .env("SPINDLE_SOLO", greedy)
         .env("SPINDLE_SOLO_SAMPLED", sampled)

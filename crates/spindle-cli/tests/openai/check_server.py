@@ -4,6 +4,7 @@ Run by tests/serve_openai.rs, which starts the servers and passes:
   SPINDLE_URL        base URL (…/v1) of a server started with --api-key
   SPINDLE_KEY        that key
   SPINDLE_SMALL_URL  a server with one sequence slot and one waiting place (429)
+  SPINDLE_TIMEOUT_URL  a server with --request-timeout 1
   SPINDLE_MODEL      the served model name
   SPINDLE_SOLO       JSON: {prompt: text} of `spindle run --temp 0 --spec off`
                      outputs, an independent reference for greedy completions
@@ -24,6 +25,7 @@ import openai
 URL = os.environ["SPINDLE_URL"]
 KEY = os.environ["SPINDLE_KEY"]
 SMALL = os.environ["SPINDLE_SMALL_URL"]
+IMPATIENT = os.environ["SPINDLE_TIMEOUT_URL"]
 MODEL = os.environ["SPINDLE_MODEL"]
 SOLO = json.loads(os.environ["SPINDLE_SOLO"])
 SOLO_SAMPLED = json.loads(os.environ["SPINDLE_SOLO_SAMPLED"])
@@ -67,9 +69,9 @@ def request(method, base, path, body=None, headers=None):
     return reply
 
 
-def metrics():
+def metrics(root=ROOT):
     """Gauges and counters of /metrics by name (labels and buckets dropped)."""
-    text = request("GET", ROOT, "/metrics").text
+    text = request("GET", root, "/metrics").text
     out = {}
     for line in text.splitlines():
         if line.startswith("#") or "le=" in line:
@@ -353,6 +355,26 @@ def _():
     r429 = next(r for r in codes if r.status_code == 429)
     assert int(r429.headers["retry-after"]) >= 1 and r429.json()["error"]["type"] == "rate_limit_error"
     assert request("GET", small, "/health").status_code == 200
+
+
+@check("a request that times out is cancelled and frees its KV")
+def _():
+    root = IMPATIENT[: -len("/v1")]
+    body = {"model": MODEL, "prompt": "Write a long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+    t = time.time()
+    r = request("POST", IMPATIENT, "/completions", body, {"Content-Type": "application/json"})
+    assert r.status_code == 408 and "timeout" in r.json()["error"]["message"], (r.status_code, r.text)
+    assert time.time() - t < 5
+    for _ in range(50):
+        m = metrics(root)
+        if m["spindle:num_requests_running"] == 0 and m["spindle:kv_cache_usage_perc"] == 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the timed-out request still runs: {m}")
+    # The slot is free for the next request.
+    body["max_tokens"] = 4
+    assert request("POST", IMPATIENT, "/completions", body, {"Content-Type": "application/json"}).status_code == 200
 
 
 @check("fuzzed bodies never crash the server")
