@@ -13,11 +13,11 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use spindle_model::{Batch, KvCache, Model, Row, SeqId};
+use spindle_model::{Batch, KvCache, Model, SeqId};
 
 use crate::error::EngineError;
 use crate::spec::tree::{TokenTree, MAX_DEPTH};
-use crate::spec::verify::{likeliest_path, LazyLogits};
+use crate::spec::verify::{likeliest_path, push_tree, LazyLogits};
 use crate::spec::{Adaptive, CostLine, Drafter, NgramDrafter};
 
 use super::metrics::Metrics;
@@ -405,27 +405,12 @@ impl EngineLoop {
                 }
                 None => TokenTree::default(),
             };
-            let root = batch.push(Row {
-                token,
-                pos: p,
-                seq: r.seq,
-                parent: None,
-                logits: true,
-            });
-            for n in &tree.nodes {
-                batch.push(Row {
-                    token: n.token,
-                    pos: p + n.depth,
-                    seq: r.seq,
-                    parent: Some(n.parent.map_or(root, |q| root + 1 + q)),
-                    logits: true,
-                });
-            }
+            let rows = push_tree(&mut batch, r.seq, p, token, &tree);
             parts.push(Part {
                 running: i,
-                rows: root..root + 1 + tree.len(),
+                logits_row: Some(rows.start),
+                rows,
                 prompt_tokens: 0,
-                logits_row: Some(root),
                 tree,
             });
         }

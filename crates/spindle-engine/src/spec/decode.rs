@@ -13,12 +13,12 @@
 
 use std::time::Instant;
 
-use spindle_model::{Batch, KvCache, Model, Row, SeqId};
+use spindle_model::{Batch, KvCache, Model, SeqId};
 
 use super::adaptive::Adaptive;
 use super::drafter::Drafter;
 use super::tree::{TokenTree, MAX_DEPTH};
-use super::verify::{likeliest_path, LazyLogits};
+use super::verify::{likeliest_path, push_tree, LazyLogits};
 use crate::error::EngineError;
 use crate::generate::{prefill, FinishReason, GenerateOutput, GenerateRequest, GenerateStats};
 use crate::sampler::sample;
@@ -142,22 +142,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             let tree = full.cut(policy.choose(&full));
 
             let mut batch = Batch::new();
-            batch.push(Row {
-                token,
-                pos: p,
-                seq: self.seq,
-                parent: None,
-                logits: true,
-            });
-            for n in &tree.nodes {
-                batch.push(Row {
-                    token: n.token,
-                    pos: p + n.depth,
-                    seq: self.seq,
-                    parent: Some(n.parent.map_or(0, |q| q + 1)),
-                    logits: true,
-                });
-            }
+            push_tree(&mut batch, self.seq, p, token, &tree);
             let t = Instant::now();
             let mut logits = LazyLogits::new(self.model.forward_hidden(&batch, kv)?);
             stats.passes += 1;

@@ -1,7 +1,9 @@
 //! Verification helpers shared by single-sequence speculation and the
 //! serving loop: the output head computed only for the rows a walk visits.
 
-use spindle_model::{Hidden, Logits, Model};
+use std::ops::Range;
+
+use spindle_model::{Batch, Hidden, Logits, Model, Row, SeqId};
 
 use super::tree::TokenTree;
 use crate::error::EngineError;
@@ -61,6 +63,35 @@ impl LazyLogits {
         let at = self.find(row).expect("computed above");
         Ok(self.computed[at].row(row).expect("computed above"))
     }
+}
+
+/// Appends `pending` (the last emitted token, at position `pos` of `seq`)
+/// and the drafted `tree` after it, every row asking for logits. Returns
+/// the rows: the pending token's first, then tree node `i` at `+ 1 + i`.
+pub fn push_tree(
+    batch: &mut Batch,
+    seq: SeqId,
+    pos: usize,
+    pending: u32,
+    tree: &TokenTree,
+) -> Range<usize> {
+    let root = batch.push(Row {
+        token: pending,
+        pos,
+        seq,
+        parent: None,
+        logits: true,
+    });
+    for n in &tree.nodes {
+        batch.push(Row {
+            token: n.token,
+            pos: pos + n.depth,
+            seq,
+            parent: Some(n.parent.map_or(root, |q| root + 1 + q)),
+            logits: true,
+        });
+    }
+    root..root + 1 + tree.len()
 }
 
 /// Batch row `row` and the rows of its likeliest descendants in `tree`,
