@@ -67,6 +67,11 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
+            eprintln!("shutting down: finishing the requests in flight (Ctrl-C again to stop now)");
+            tokio::spawn(async {
+                let _ = tokio::signal::ctrl_c().await;
+                std::process::exit(130);
+            });
         })
         .await
 }
