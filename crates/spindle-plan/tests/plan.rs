@@ -190,6 +190,7 @@ fn activation_terms_by_hand() {
     assert_eq!(bytes("PassBuffers.k:"), 4 * 2048 * 256);
     assert_eq!(bytes("PassBuffers.gate:"), 4 * 2048 * 2048);
     assert_eq!(bytes("Logits.data"), 4 * 262_144);
+    assert_eq!(bytes("Hidden.data"), 4 * 640);
     // Scratch K and V of 2048 rows in 18 layers, f16: 2 * 18 * 2048 * 512.
     assert_eq!(bytes("KvCache.scratch"), 37_748_736);
     // The global layers see all 4096 positions: 2 * 4 * 4096 * 256.
@@ -208,19 +209,20 @@ fn activation_terms_by_hand() {
         2 * (65_536 + 65_536 + 4096 + 16_384)
     );
     let total: u64 = terms.iter().map(|t| t.bytes).sum();
-    assert_eq!(total, 152_660_480);
+    assert_eq!(total, 152_663_040);
     // The chunk's ancestor lists and attention scratch (16,785,408 +
-    // 303,104) are gone before the decode pass's logits and sampler
-    // (1,048,576 + 3,145,728) exist: the peak counts the larger set only.
+    // 303,104) are gone before the decode pass's hidden rows, logits and
+    // sampler (2,560 + 1,048,576 + 3,145,728) exist: the peak counts the
+    // larger set only.
     let phase = |p: Phase| -> u64 { terms.iter().filter(|t| t.phase == p).map(|t| t.bytes).sum() };
     assert_eq!(phase(Phase::Prefill), 17_088_512);
-    assert_eq!(phase(Phase::Decode), 4_194_304);
+    assert_eq!(phase(Phase::Decode), 4_196_864);
     let p = plan(
         &s,
         &PlanRequest::new(4096, 1, KvType::F16, Device::parse("h100").unwrap()),
         &EngineProfile::cpu_with_threads(2),
     );
-    assert_eq!(p.activation_bytes, 152_660_480 - 4_194_304);
+    assert_eq!(p.activation_bytes, 152_663_040 - 4_196_864);
 }
 
 #[test]
