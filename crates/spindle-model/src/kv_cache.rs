@@ -40,6 +40,15 @@ impl KvType {
         self != KvType::Q8_0 || kv_dim.is_multiple_of(32)
     }
 
+    /// `f32`, `f16` or `q8_0`, as [`KvType::parse`] reads them.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
     /// Parses `f32`, `f16` or `q8_0`.
     pub fn parse(s: &str) -> Option<KvType> {
         match s {
@@ -471,6 +480,14 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_type_names_parse_back() {
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+            assert_eq!(KvType::parse(ty.name()), Some(ty));
+        }
+        assert_eq!(KvType::parse("bf16"), None);
+    }
 
     #[test]
     fn q8_0_blocks_round_to_within_half_a_step() {

@@ -86,6 +86,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let tok = tokenizer(&loaded)?.clone();
     let ty = args.model.kv_type(&loaded.model)?;
     let kv = loaded.model.new_kv_cache(ty, ctx, args.max_seqs);
+    let kv_bytes = spindle_plan::human_bytes(kv.layout().bytes() as u64);
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -112,8 +113,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()?;
     rt.block_on(spindle_server::serve(state, addr, |bound| {
         eprintln!(
-            "serving {name} ({threads} threads, {} sequences x {ctx} tokens{}) at http://{bound}/v1",
+            "serving {name} ({threads} threads, {} sequences x {ctx} tokens, KV cache {kv_bytes} {}{}) at http://{bound}/v1",
             args.max_seqs,
+            ty.name(),
             if args.api_key.is_some() { ", API key required" } else { "" }
         );
         // Scripts wait for this line on stdout.
