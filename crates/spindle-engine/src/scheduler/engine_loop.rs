@@ -228,7 +228,7 @@ impl EngineLoop {
             while let Ok(req) = rx.try_recv() {
                 self.arrive(req);
             }
-            self.drop_cancelled();
+            self.retire_finished();
             self.admit();
             self.publish();
             if !self.running.is_empty() {
@@ -250,7 +250,7 @@ impl EngineLoop {
 
     /// Moves finished and cancelled sequences out of the running set; their
     /// KV stays as a prefix cache unless the request failed.
-    fn drop_cancelled(&mut self) {
+    fn retire_finished(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
             let r = &self.running[i];
