@@ -106,10 +106,14 @@ fn collect(rx: &mut UnboundedReceiver<Event>) -> (Vec<u32>, FinishReason) {
 fn concurrent_requests_get_their_solo_tokens() {
     for arch in ["gemma3", "qwen2", "llama"] {
         let m = tiny(arch);
-        for spec in [None, Some(16)] {
+        // Off, adaptive (sized from timings) and fixed (every pass drafts
+        // as much as the drafter offers, so drafting does not depend on
+        // the machine's speed).
+        for (spec, fixed) in [(None, false), (Some(16), false), (Some(8), true)] {
             let config = EngineConfig {
                 max_batch_tokens: 24,
                 spec_budget: spec,
+                spec_fixed: fixed,
                 ..EngineConfig::default()
             };
             // 4 slots for 12 requests: later ones wait, then reuse the
@@ -125,7 +129,7 @@ fn concurrent_requests_get_their_solo_tokens() {
                 assert_eq!(
                     tokens,
                     alone(&m, i as u64, lens[i]),
-                    "{arch}, spec {spec:?}, request {i}"
+                    "{arch}, spec {spec:?} fixed {fixed}, request {i}"
                 );
             }
             let metrics = &e.metrics;
@@ -137,7 +141,7 @@ fn concurrent_requests_get_their_solo_tokens() {
             if arch != "gemma3" {
                 assert!(hits > 0, "{arch}: no prefix was reused");
             }
-            if spec.is_some() {
+            if fixed {
                 // Whether the tiny random models accept drafts is luck; the
                 // trees were verified (and the tokens above are exact).
                 let drafted = metrics

@@ -102,6 +102,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             fair: !args.fifo,
             static_batching: args.static_batching,
             spec_budget,
+            spec_fixed: false,
         },
     );
     let mut state = AppState::new(engine, tok, name.clone(), args.api_key.clone());

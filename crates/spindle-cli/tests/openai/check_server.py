@@ -120,8 +120,10 @@ def _():
     d = lambda k: after[k] - before[k]
     drafted, accepted = d("spindle:spec_decode_num_draft_tokens_total"), d("spindle:spec_decode_num_accepted_tokens_total")
     passes = d("spindle:num_forward_passes_total")
-    assert accepted > 16 and drafted >= accepted, (drafted, accepted)
-    assert passes < 64, f"{passes} passes for 64 tokens"
+    # How much is drafted follows measured pass times (adaptive policy), so
+    # only ask that speculation engaged and paid on text this repetitive.
+    assert accepted >= 8 and drafted >= accepted, (drafted, accepted)
+    assert passes < 60, f"{passes} passes for 64 tokens"
     assert r.choices[0].text.startswith(" 1, 2, 3"), r.choices[0].text
 
 

@@ -42,6 +42,10 @@ pub struct EngineConfig {
     /// nodes per sequence, sized each pass by the adaptive policy (`None`:
     /// off).
     pub spec_budget: Option<usize>,
+    /// Verify the whole budget every pass instead of sizing trees from
+    /// timings (for tests: what is drafted then depends on nothing but
+    /// the tokens).
+    pub spec_fixed: bool,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +56,7 @@ impl Default for EngineConfig {
             fair: true,
             static_batching: false,
             spec_budget: Some(16),
+            spec_fixed: false,
         }
     }
 }
@@ -357,7 +362,11 @@ impl EngineLoop {
                 failed: false,
                 spec: self.config.spec_budget.map(|b| SeqSpec {
                     drafter: NgramDrafter::default(),
-                    policy: Adaptive::new(b),
+                    policy: if self.config.spec_fixed {
+                        Adaptive::fixed(b)
+                    } else {
+                        Adaptive::new(b)
+                    },
                 }),
             };
             if r.req.params.max_tokens == 0 {
