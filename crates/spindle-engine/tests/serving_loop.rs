@@ -3,21 +3,15 @@
 //! decoding gives them alone; cancelled requests free their slots; the
 //! fair queue lets a small tenant in ahead of a big one's backlog.
 
+mod common;
+use common::tiny;
+
 use spindle_engine::scheduler::{
     spawn_engine, EngineConfig, EngineHandle, Event, Request, RequestParams, SubmitError,
 };
 use spindle_engine::{generate, FinishReason, GenerateRequest, SamplerConfig};
 use spindle_model::LoadedModel;
-use std::path::PathBuf;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-
-fn tiny(arch: &str) -> LoadedModel {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../spindle-model/tests/fixtures/tiny")
-        .join(arch)
-        .join("model.gguf");
-    spindle_model::load(&path, 2).expect("tiny model loads")
-}
 
 fn sampler(i: u64) -> SamplerConfig {
     if i.is_multiple_of(2) {

@@ -3,20 +3,13 @@
 //! tokens, leaves the same KV cache bit for bit, and stops where plain
 //! decoding stops, also inside an accepted run.
 
-use std::path::PathBuf;
+mod common;
+use common::tiny;
 
 use spindle_engine::spec::{generate_speculative_on, Adaptive, Draft, Drafter, NgramDrafter};
 use spindle_engine::{generate_on, EngineError, GenerateOutput, GenerateRequest, SamplerConfig};
 use spindle_model::kv_cache::KvBuf;
 use spindle_model::{KvCache, LoadedModel};
-
-fn tiny(arch: &str) -> LoadedModel {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../spindle-model/tests/fixtures/tiny")
-        .join(arch)
-        .join("model.gguf");
-    spindle_model::load(&path, 2).expect("tiny model loads")
-}
 
 fn greedy() -> SamplerConfig {
     SamplerConfig::default()

@@ -1,24 +1,11 @@
 //! KV sizes of public model configs against numbers worked out by hand.
 //! Per token and layer, K and V each take kv_heads x head_dim elements.
 
-use std::path::PathBuf;
+mod common;
+use common::config;
 
 use spindle_formats::HfConfig;
 use spindle_plan::{Family, KvType, ModelShape};
-
-fn config(name: &str) -> ModelShape {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "tests",
-        "fixtures",
-        name,
-        "config.json",
-    ]
-    .iter()
-    .collect();
-    let cfg = HfConfig::load(&path).expect("fixture config parses");
-    ModelShape::from_hf_config(&cfg, name).expect("fixture config plans")
-}
 
 #[test]
 fn llama_3_1_8b() {

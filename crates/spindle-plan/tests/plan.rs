@@ -1,26 +1,13 @@
 //! Whole plans: speed ceilings and crossovers worked out by hand, memory
 //! limits, the activation terms, the JSON shape and the table.
 
-use std::path::PathBuf;
+mod common;
+use common::config;
 
-use spindle_formats::HfConfig;
 use spindle_plan::{
     activation_terms, kv_crossover_ctx, plan, Device, EngineProfile, KvType, ModelShape, Phase,
     Plan, PlanRequest, WeightFormat, WeightStats,
 };
-
-fn config(name: &str) -> ModelShape {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "tests",
-        "fixtures",
-        name,
-        "config.json",
-    ]
-    .iter()
-    .collect();
-    ModelShape::from_hf_config(&HfConfig::load(&path).unwrap(), name).unwrap()
-}
 
 /// Llama-3.1-8B in BF16: 8,030,261,248 parameters = 16,060,522,496 bytes;
 /// embedding and head 128256 * 4096 * 2 = 1,050,673,152 bytes each; decoder

@@ -236,6 +236,17 @@ enum Kind {
     Chat,
 }
 
+impl Kind {
+    /// The `object` of a whole response, or of a streamed chunk.
+    fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+}
+
 async fn respond(
     state: Shared,
     job: Job,
@@ -280,13 +291,9 @@ async fn respond(
         .enumerate()
         .map(|(i, c)| choice_json(&state, kind, i, c, want_logprobs))
         .collect();
-    let object = match kind {
-        Kind::Chat => "chat.completion",
-        Kind::Completion => "text_completion",
-    };
     Ok(Json(json!({
         "id": id,
-        "object": object,
+        "object": kind.object(false),
         "created": created,
         "model": state.model_name,
         "choices": choices,
@@ -380,13 +387,9 @@ struct Streamer {
 
 impl Streamer {
     fn chunk(&self, choice: Value) -> SseEvent {
-        let object = match self.kind {
-            Kind::Chat => "chat.completion.chunk",
-            Kind::Completion => "text_completion",
-        };
         let mut body = json!({
             "id": self.id,
-            "object": object,
+            "object": self.kind.object(true),
             "created": self.created,
             "model": self.state.model_name,
             "choices": [choice],
@@ -467,13 +470,9 @@ impl Streamer {
             }
         }
         if self.include_usage {
-            let object = match self.kind {
-                Kind::Chat => "chat.completion.chunk",
-                Kind::Completion => "text_completion",
-            };
             let body = json!({
                 "id": self.id,
-                "object": object,
+                "object": self.kind.object(true),
                 "created": self.created,
                 "model": self.state.model_name,
                 "choices": [],

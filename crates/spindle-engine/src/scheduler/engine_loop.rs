@@ -25,6 +25,7 @@ use super::queue::FairQueue;
 use super::request::{Event, Finished, Request, TokenLogprobs};
 use crate::generate::FinishReason;
 use crate::sampler::sample;
+use crate::score::{log_softmax, top_k};
 
 /// How the loop schedules.
 #[derive(Debug, Clone)]
@@ -79,7 +80,6 @@ pub struct EngineHandle {
     pub metrics: Arc<Metrics>,
     /// Longest sequence (prompt and generated tokens).
     pub ctx: usize,
-    pub max_seqs: usize,
 }
 
 impl EngineHandle {
@@ -109,7 +109,6 @@ pub fn spawn_engine(model: Model, kv: KvCache, config: EngineConfig) -> EngineHa
         max_waiting: config.max_waiting,
         metrics: metrics.clone(),
         ctx: kv.max_len(),
-        max_seqs: kv.layout().max_seqs,
     };
     metrics.kv_capacity.store(
         (kv.max_len() * kv.layout().max_seqs) as u64,
@@ -371,6 +370,8 @@ impl EngineLoop {
             };
             if r.req.params.max_tokens == 0 {
                 finish(&self.metrics, &mut r, FinishReason::Length);
+                self.kv.remove_sequence(seq);
+                continue;
             }
             self.running.push(r);
         }
@@ -426,7 +427,7 @@ impl EngineLoop {
         let mut budget = self.config.max_batch_tokens.saturating_sub(batch.len());
         for (i, r) in self.running.iter().enumerate() {
             let left = r.req.prompt.len() - r.fed;
-            if left == 0 || budget == 0 || r.pending.is_some() || r.done {
+            if left == 0 || budget == 0 {
                 continue;
             }
             let take = left.min(budget);
@@ -507,14 +508,7 @@ impl EngineLoop {
         max_len: usize,
     ) -> Result<(), String> {
         let r = &mut self.running[p.running];
-        let Some(root) = p.logits_row else {
-            let rows: Vec<usize> = p.rows.clone().collect();
-            self.kv
-                .commit(r.seq, &rows)
-                .map_err(|e| format!("KV commit failed: {e}"))?;
-            r.fed += p.prompt_tokens;
-            return Ok(());
-        };
+        // A prompt chunk is committed whole; a walk commits its path below.
         if p.prompt_tokens > 0 {
             let rows: Vec<usize> = p.rows.clone().collect();
             self.kv
@@ -522,6 +516,9 @@ impl EngineLoop {
                 .map_err(|e| format!("KV commit failed: {e}"))?;
             r.fed += p.prompt_tokens;
         }
+        let Some(root) = p.logits_row else {
+            return Ok(());
+        };
         let tree = &p.tree;
         let mut path = vec![root];
         let mut node = None;
@@ -641,25 +638,16 @@ fn emit(
     None
 }
 
-/// Log-softmax of `logits` at `token`, and the `k` likeliest tokens.
+/// Log-softmax of `logits` at `token`, and the `k` likeliest tokens (as
+/// `spindle score` computes them).
 pub(crate) fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    let lse = max as f64 + sum.ln();
-    let lp = |id: u32| (logits[id as usize] as f64 - lse) as f32;
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    if k > 0 {
-        for (i, &l) in logits.iter().enumerate() {
-            if top.len() < k || l > top[top.len() - 1].1 {
-                let at = top.partition_point(|&(_, v)| v >= l);
-                top.insert(at, (i as u32, l));
-                top.truncate(k);
-            }
-        }
-    }
+    let lp = log_softmax(logits);
     TokenLogprobs {
-        logprob: lp(token),
-        top: top.into_iter().map(|(id, _)| (id, lp(id))).collect(),
+        logprob: lp[token as usize] as f32,
+        top: top_k(&lp, k)
+            .into_iter()
+            .map(|t| (t.id, t.logprob as f32))
+            .collect(),
     }
 }
 

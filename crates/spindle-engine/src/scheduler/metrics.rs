@@ -30,10 +30,6 @@ impl Histogram {
         self.sum += seconds;
     }
 
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (c, b) in self.counts.iter().zip(&BUCKETS) {

@@ -1,8 +1,11 @@
-//! Writers of header-only model files for tests.
+//! Writers of header-only model files, and fixture configs, for tests.
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use spindle_formats::HfConfig;
+use spindle_plan::ModelShape;
 
 /// Bytes per element of the dtypes the tests use.
 fn dtype_size(dtype: &str) -> u64 {
@@ -85,4 +88,19 @@ pub fn as_refs<'a>(
     t.iter()
         .map(|(n, d, s)| (n.as_str(), *d, s.as_slice()))
         .collect()
+}
+
+/// The shape of a published `config.json` kept in `tests/fixtures/NAME/`.
+pub fn config(name: &str) -> ModelShape {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "tests",
+        "fixtures",
+        name,
+        "config.json",
+    ]
+    .iter()
+    .collect();
+    let cfg = HfConfig::load(&path).expect("fixture config parses");
+    ModelShape::from_hf_config(&cfg, name).expect("fixture config plans")
 }
