@@ -71,9 +71,9 @@ fn plan_json_has_the_documented_shape_and_needs_only_headers() {
     assert_eq!(full["weights_bytes"], 246_587_904u64);
     // 2 (K and V) x 18 layers x 1 KV head x 256 x 2 bytes.
     assert_eq!(full["kv_bytes_per_token"], 18_432u64);
-    // 8 sequences x (3 global layers x 4096 + 15 sliding x 512 tokens) x
-    // 2 x 256 x 2 bytes.
-    assert_eq!(full["kv_bytes"], 8u64 * (3 * 4096 + 15 * 512) * 2 * 256 * 2);
+    // 8 sequences x (3 global layers x 4096 + 15 sliding x 528 tokens) x
+    // 2 x 256 x 2 bytes: a window of 512 spans 33 blocks of 16.
+    assert_eq!(full["kv_bytes"], 8u64 * (3 * 4096 + 15 * 528) * 2 * 256 * 2);
 
     // Header only: cut the file right after the tensor infos (the data
     // offset is the file length less the data).
@@ -153,8 +153,9 @@ fn run_refuses_a_context_that_cannot_fit() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--kv-memory grants 1.00 MiB"));
 
-    // 16 MiB hold 3 global layers x N + 15 sliding x 512 tokens, at 1 KiB
-    // per token and layer (K and V, 256 f16 each): N = (16384 - 7680) / 3.
+    // 16 MiB hold 3 global layers x N + 15 sliding x 528 tokens (33 blocks
+    // of 16), at 1 KiB per token and layer (K and V, 256 f16 each):
+    // N = (16384 - 7920) / 3 = 2821, in whole blocks 2816.
     let v = json(&spindle(&[
         "run",
         "-m",
@@ -167,5 +168,5 @@ fn run_refuses_a_context_that_cannot_fit() {
         "16MiB",
         "--json",
     ]));
-    assert_eq!(v["stats"]["ctx"], 2901);
+    assert_eq!(v["stats"]["ctx"], 2816);
 }

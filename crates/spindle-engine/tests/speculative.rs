@@ -8,7 +8,6 @@ use common::tiny;
 
 use spindle_engine::spec::{generate_speculative_on, Adaptive, Draft, Drafter, NgramDrafter};
 use spindle_engine::{generate_on, EngineError, GenerateOutput, GenerateRequest, SamplerConfig};
-use spindle_model::kv_cache::KvBuf;
 use spindle_model::{KvCache, LoadedModel};
 
 fn greedy() -> SamplerConfig {
@@ -54,27 +53,17 @@ fn speculative(
     (out, kv)
 }
 
-/// The committed K/V of sequence 0, every layer, as bits.
+/// The committed K/V of sequence 0, every layer, as the bits of the values
+/// a pass reads (f16 widens to f32 exactly; Q8_0 as dequantized).
 fn kv_bits(kv: &KvCache) -> (usize, Vec<Vec<u32>>) {
-    let s = kv.seq(0).expect("sequence 0 is open");
-    let bits = |b: &KvBuf| -> Vec<u32> {
-        match b {
-            KvBuf::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
-            KvBuf::F16(v) => v.iter().map(|x| x.to_bits() as u32).collect(),
-            KvBuf::Q8_0(v) => v
-                .iter()
-                .flat_map(|b| {
-                    std::iter::once(b.d.to_bits() as u32).chain(b.qs.iter().map(|&q| q as u32))
-                })
-                .collect(),
-        }
-    };
-    let layers = s
-        .layers
-        .iter()
-        .flat_map(|l| [bits(&l.k), bits(&l.v)])
+    let layers = (0..kv.layout().windows.len())
+        .flat_map(|l| {
+            let (k, v) = kv.committed_kv(0, l).expect("sequence 0 is open");
+            [k, v]
+        })
+        .map(|x| x.iter().map(|x| x.to_bits()).collect())
         .collect();
-    (s.len, layers)
+    (kv.seq_len(0), layers)
 }
 
 /// Proposes `n` random tokens in a few branches, each claimed certain: the

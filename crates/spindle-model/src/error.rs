@@ -29,6 +29,8 @@ pub enum ModelError {
     ContextFull { seq: usize, len: usize, ctx: usize },
     #[error("all {max} sequence slots of the KV cache are in use: finish a sequence first, or make the cache with more")]
     NoFreeSequence { max: usize },
+    #[error("all {blocks} KV blocks ({tokens} tokens) are in use: end or preempt a sequence first, or give the cache more memory (--kv-memory)")]
+    OutOfBlocks { blocks: usize, tokens: usize },
     #[error("'{path}' is neither a GGUF file nor a Hugging Face model directory (config.json + *.safetensors)")]
     NotAModel { path: String },
     #[error("cannot open '{path}': {reason}")]

@@ -210,6 +210,7 @@ impl Model {
             max_len,
             max_seqs,
             rollback: 0,
+            pool_tokens: None,
         }
     }
 
@@ -342,7 +343,7 @@ impl Model {
             h.iter_mut().for_each(|v| *v *= s);
         }
 
-        kv.scratch.rows = batch.rows.iter().map(|r| (r.seq, r.pos)).collect();
+        kv.scratch.rows = batch.rows.iter().map(|r| (r.seq, r.pos, r.token)).collect();
         clock.mark("embedding");
 
         for (l, lw) in w.layers.iter().enumerate() {
@@ -474,9 +475,9 @@ impl Model {
 
         // The pass's rows, as stored.
         let scratch = &kv.scratch.layers[layer];
-        let all = [0..scratch.k.len(), 0..0];
-        self.widen_into(&scratch.k, &all, &mut views.pass_k);
-        self.widen_into(&scratch.v, &all, &mut views.pass_v);
+        let all = 0..scratch.k.len();
+        self.widen_into(&scratch.k, std::slice::from_ref(&all), &mut views.pass_k);
+        self.widen_into(&scratch.v, std::slice::from_ref(&all), &mut views.pass_v);
         // Each sequence's committed window, from the earliest position any of its rows sees.
         views.n_seqs = 0;
         for (row, plan) in batch.rows.iter().zip(plans) {
@@ -497,11 +498,11 @@ impl Model {
             }
         }
         for (seq, base, k, v) in &mut views.committed[..views.n_seqs] {
-            let seq_kv = kv.seq(*seq).expect("validated in plan");
-            let layer_kv = &seq_kv.layers[layer];
-            let ranges = layer_kv.ranges(*base, seq_kv.len, stride);
-            self.widen_into(&layer_kv.k, &ranges, k);
-            self.widen_into(&layer_kv.v, &ranges, v);
+            let len = kv.seq_len(*seq);
+            let ranges = kv.layer_ranges(*seq, layer, *base, len);
+            let stored = kv.layer(layer);
+            self.widen_into(&stored.k, &ranges, k);
+            self.widen_into(&stored.v, &ranges, v);
         }
         let committed = &views.committed[..views.n_seqs];
         let (pass_k, pass_v) = (&views.pass_k, &views.pass_v);
@@ -569,26 +570,31 @@ impl Model {
 
     /// The stored values of `ranges`, one after the other, widened to f32
     /// into `out` (resized; every element overwritten), in parallel.
-    fn widen_into(&self, buf: &KvBuf, ranges: &[Range<usize>; 2], out: &mut Vec<f32>) {
+    fn widen_into(&self, buf: &KvBuf, ranges: &[Range<usize>], out: &mut Vec<f32>) {
         const CHUNK: usize = 1 << 14;
-        let first = ranges[0].len();
-        let len = first + ranges[1].len();
+        // Where each range starts in `out`.
+        let mut starts = Vec::with_capacity(ranges.len());
+        let mut len = 0;
+        for r in ranges {
+            starts.push(len);
+            len += r.len();
+        }
         out.resize(len, 0.0);
         let chunks = DisjointChunks::new(out, CHUNK);
         for_each_task(&self.pool, len.div_ceil(CHUNK), |c| {
             // SAFETY: chunk c belongs to this task alone.
             let dst = unsafe { chunks.chunk_mut(c) };
-            // A chunk may straddle the two ranges.
+            // A chunk may span several ranges (one per block).
             let mut done = 0;
+            let mut r = starts.partition_point(|&s| s <= c * CHUNK) - 1;
             while done < dst.len() {
-                let i = c * CHUNK + done;
-                let (r, off) = if i < first {
-                    (&ranges[0], i)
-                } else {
-                    (&ranges[1], i - first)
-                };
-                let n = (dst.len() - done).min(r.len() - off);
-                let (src, d) = (r.start + off..r.start + off + n, &mut dst[done..done + n]);
+                let off = c * CHUNK + done - starts[r];
+                let range = &ranges[r];
+                let n = (dst.len() - done).min(range.len() - off);
+                let (src, d) = (
+                    range.start + off..range.start + off + n,
+                    &mut dst[done..done + n],
+                );
                 match buf {
                     KvBuf::F32(s) => d.copy_from_slice(&s[src]),
                     KvBuf::F16(s) => f16::load(&s[src], d),
@@ -603,6 +609,7 @@ impl Model {
                     }
                 }
                 done += n;
+                r += 1;
             }
         });
     }

@@ -19,5 +19,5 @@ pub use batch::{Batch, Row, SeqId};
 pub use config::ModelConfig;
 pub use error::ModelError;
 pub use forward::{Hidden, Logits, Model};
-pub use kv_cache::{KvCache, KvLayout, KvType};
+pub use kv_cache::{BlockUsage, KvCache, KvLayout, KvType, BLOCK};
 pub use loader::{load, load_tokenizer, LoadedModel};

@@ -236,12 +236,12 @@ fn every_isa_gives_the_same_logits_bit_for_bit() {
     }
 }
 
-/// Sliding-window layers keep only their window (8 tokens in the gemma3
-/// fixture) in slots reused as the sequence grows: decoding 40 tokens one by
-/// one (the window wraps around five times) gives every position the bits of
-/// one prefill pass over the whole chain, where nothing wraps.
+/// Sliding-window layers keep only the blocks their window (8 tokens in the
+/// gemma3 fixture) still sees and give the rest back as the sequence grows:
+/// decoding 40 tokens one by one gives every position the bits of one
+/// prefill pass over the whole chain, where nothing was given back.
 #[test]
-fn sliding_window_slots_wrap_without_changing_logits() {
+fn sliding_window_blocks_are_given_back_without_changing_logits() {
     for (kind, path) in sources("gemma3") {
         let m = load(&path, 2);
         let ids: Vec<u32> = (0..40).map(|i| (i * 29 + 3) % 250).collect();
@@ -253,9 +253,10 @@ fn sliding_window_slots_wrap_without_changing_logits() {
             .sliding_window
             .expect("gemma3 fixture slides");
         let layout = cache.layout().clone();
-        assert!(
-            (0..layout.windows.len()).any(|l| layout.slots(l) == window),
-            "sliding layers hold only their window"
+        assert_eq!(
+            layout.seq_blocks(Some(window)),
+            2,
+            "a window of 8 spans two blocks at most"
         );
         let seq = cache.add_sequence().unwrap();
         for (i, &t) in ids.iter().enumerate() {
@@ -267,7 +268,16 @@ fn sliding_window_slots_wrap_without_changing_logits() {
                 "{kind}: position {i} differs from the prefill"
             );
             cache.commit(seq, &[0]).unwrap();
+            // Full layers hold every block so far, sliding ones at most two.
+            let full = (i + 1).div_ceil(16);
+            let used = cache.block_usage().in_use;
+            assert!(
+                used > full && used <= full + 2,
+                "{kind}: {used} blocks in use at length {}",
+                i + 1
+            );
         }
+        assert_eq!(cache.block_usage().in_use, 3 + 1);
         // Rolling back by one token is possible; past what the window still
         // holds is an error, not a wrong answer.
         cache.truncate(seq, 39).unwrap();
@@ -291,10 +301,11 @@ fn sequence_slots_are_fixed_and_reused() {
     cache.remove_sequence(a);
     let c = cache.add_sequence().unwrap();
     assert_eq!(cache.seq_len(c), 0);
-    // Keys and values, 16 tokens, every layer, 2 sequences.
+    // Keys and values, one block of 16 tokens per layer and sequence.
     let row = cache.kv_type().row_bytes(cache.kv_dim());
     let want = 2 * 16 * m.model.config.n_layers * row * 2;
     assert_eq!(cache.layout().bytes(), want);
+    assert_eq!(cache.block_usage().total, 2);
 }
 
 /// A model restricted to some of its layers shares the weights: with every

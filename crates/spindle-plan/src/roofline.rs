@@ -20,7 +20,7 @@ pub fn decode_tokens_per_s(
     device: &Device,
 ) -> f64 {
     let weights = shape.weights.decode_read_bytes() as f64;
-    let kv_bytes = shape.kv_bytes_per_seq(ctx, kv) as f64;
+    let kv_bytes = shape.kv_read_bytes_per_seq(ctx, kv) as f64;
     let bytes = weights + batch as f64 * kv_bytes;
     if bytes <= 0.0 {
         return 0.0;
@@ -73,7 +73,7 @@ pub fn prefill_tokens_per_s(shape: &ModelShape, tokens: u64, device: &Device) ->
 /// slides and the windows together hold less than the weights.
 pub fn kv_crossover_ctx(shape: &ModelShape, batch: u64, kv: KvType) -> Option<u64> {
     let weights = shape.weights.decode_read_bytes();
-    let reads = |ctx: u64| shape.kv_bytes_per_seq(ctx, kv).saturating_mul(batch);
+    let reads = |ctx: u64| shape.kv_read_bytes_per_seq(ctx, kv).saturating_mul(batch);
     let row = 2u64.saturating_mul(kv.row_bytes(shape.kv_dim()));
     if batch == 0 || row == 0 {
         return None;

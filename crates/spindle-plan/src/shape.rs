@@ -12,6 +12,9 @@ use crate::error::PlanError;
 use crate::plan::KvType;
 use crate::source::{self, WeightStats};
 
+/// Tokens per block of the engine's KV pool (spindle-model's `BLOCK`).
+pub const KV_BLOCK: u64 = 16;
+
 /// A model family, as far as the plan cares (which layers slide, whether
 /// the head is tied by default).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -332,7 +335,7 @@ impl ModelShape {
         self.n_layers - self.sliding_layers()
     }
 
-    /// Tokens of KV layer `l` keeps per sequence at context `ctx`.
+    /// Positions of KV layer `l` attends over per sequence at context `ctx`.
     pub fn layer_kv_tokens(&self, l: usize, ctx: u64) -> u64 {
         match (self.layer_sliding.get(l), self.sliding_window) {
             (Some(true), Some(w)) => ctx.min(w),
@@ -356,9 +359,32 @@ impl ModelShape {
             .saturating_mul(kv.row_bytes(self.kv_dim()))
     }
 
-    /// KV bytes one sequence holds at context `ctx`, sliding layers keeping
-    /// only their window. Decoding one token reads all of it.
+    /// Token slots layer `l` takes per sequence in the engine's block pool
+    /// at context `ctx`: whole blocks of [`KV_BLOCK`] tokens; for a sliding
+    /// layer, the blocks its window spans wherever it starts, with the
+    /// block being written.
+    pub fn layer_pool_tokens(&self, l: usize, ctx: u64) -> u64 {
+        let all = ctx.div_ceil(KV_BLOCK).max(1);
+        let blocks = match (self.layer_sliding.get(l), self.sliding_window) {
+            (Some(true), Some(w)) => all.min(w.div_ceil(KV_BLOCK) + 1),
+            _ => all,
+        };
+        blocks.saturating_mul(KV_BLOCK)
+    }
+
+    /// KV bytes one sequence holds at context `ctx` in the block pool,
+    /// sliding layers keeping only their window.
     pub fn kv_bytes_per_seq(&self, ctx: u64, kv: KvType) -> u64 {
+        let row = 2u64.saturating_mul(kv.row_bytes(self.kv_dim()));
+        let tokens: u64 = (0..self.n_layers as usize)
+            .map(|l| self.layer_pool_tokens(l, ctx))
+            .fold(0u64, u64::saturating_add);
+        row.saturating_mul(tokens)
+    }
+
+    /// KV bytes decoding one token at context `ctx` reads: every layer's
+    /// visible positions.
+    pub fn kv_read_bytes_per_seq(&self, ctx: u64, kv: KvType) -> u64 {
         let row = 2u64.saturating_mul(kv.row_bytes(self.kv_dim()));
         let tokens: u64 = (0..self.n_layers as usize)
             .map(|l| self.layer_kv_tokens(l, ctx))
@@ -369,6 +395,38 @@ impl ModelShape {
     /// KV bytes of `batch` sequences at context `ctx`, windows honoured.
     pub fn kv_bytes(&self, ctx: u64, batch: u64, kv: KvType) -> u64 {
         self.kv_bytes_per_seq(ctx, kv).saturating_mul(batch)
+    }
+
+    /// Tokens of full-attention KV a block pool of `budget` bytes holds for
+    /// `max_seqs` sequences of up to `ctx` tokens, after the sliding layers'
+    /// windows (which every sequence holds at once) are set aside; whole
+    /// blocks, at most what every sequence at `ctx` needs. A model without
+    /// full-attention layers needs none: `ctx`. `None` when the windows
+    /// alone do not fit.
+    pub fn kv_pool_tokens(&self, budget: u64, max_seqs: u64, ctx: u64, kv: KvType) -> Option<u64> {
+        let row = 2u64.saturating_mul(kv.row_bytes(self.kv_dim()));
+        let sliding: u64 = (0..self.n_layers as usize)
+            .filter(|&l| self.layer_sliding[l] && self.sliding_window.is_some())
+            .map(|l| self.layer_pool_tokens(l, ctx))
+            .fold(0u64, u64::saturating_add);
+        let windows = sliding.saturating_mul(row).saturating_mul(max_seqs);
+        let left = budget.checked_sub(windows)?;
+        let global = self.n_layers - self.sliding_layers_in_effect();
+        if global == 0 {
+            return Some(ctx);
+        }
+        let tokens = left / row.saturating_mul(global) / KV_BLOCK * KV_BLOCK;
+        let most = ctx.div_ceil(KV_BLOCK) * KV_BLOCK * max_seqs;
+        Some(tokens.min(most))
+    }
+
+    /// Layers that keep only a window (sliding, with a window set).
+    fn sliding_layers_in_effect(&self) -> u64 {
+        if self.sliding_window.is_some() {
+            self.sliding_layers()
+        } else {
+            0
+        }
     }
 
     /// The longest context (up to the model's) whose KV cache for `batch`

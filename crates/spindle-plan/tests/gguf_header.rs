@@ -65,9 +65,11 @@ fn gemma_3_270m_header_only_matches_the_anchors() {
     assert!(s.tied_embeddings);
     // 2 * 18 layers * 1 KV head * 256 * 2 bytes = 18432 bytes/token.
     assert_eq!(s.kv_bytes_per_token(KvType::F16), 18_432);
-    // ctx 4096: 3 global layers * 4096 + 15 sliding * 512 = 19968 layer-tokens
-    // of 2 * 256 * 2 = 1024 bytes: 20447232.
-    assert_eq!(s.kv_bytes(4096, 1, KvType::F16), 20_447_232);
+    // ctx 4096 in 16-token blocks: 3 global layers * 4096 + 15 sliding *
+    // 528 (a window of 512 spans 33 blocks) = 20208 layer-tokens of
+    // 2 * 256 * 2 = 1024 bytes: 20692992. Decoding reads the windows only.
+    assert_eq!(s.kv_bytes(4096, 1, KvType::F16), 20_692_992);
+    assert_eq!(s.kv_read_bytes_per_seq(4096, KvType::F16), 20_447_232);
 
     // The tied Q8_0 head is read once per step: the whole 246.6 MB, so
     // 26.9 GB/s gives the ~109 tokens/s ceiling of ANCHORS.md.

@@ -7,6 +7,24 @@ use common::config;
 use spindle_formats::HfConfig;
 use spindle_plan::{Family, KvType, ModelShape};
 
+/// KV bytes `batch` sequences at `ctx` attend over (each layer's visible
+/// positions): what the config says, before the engine rounds to blocks.
+fn visible(s: &ModelShape, ctx: u64, batch: u64, kv: KvType) -> u64 {
+    s.kv_read_bytes_per_seq(ctx, kv) * batch
+}
+
+/// The engine's pool holds whole 16-token blocks: a sliding window of 1024
+/// spans 65 of them, and a context of 1000 takes 63.
+#[test]
+fn the_pool_rounds_to_blocks() {
+    let s = config("gemma-3-27b");
+    // 10 * 8192 * 32768 + 52 * 8192 * 1040.
+    assert_eq!(s.kv_bytes(32_768, 1, KvType::F16), 3_127_377_920);
+    let q = config("qwen3-8b");
+    // 147456 * 1008 * 3.
+    assert_eq!(q.kv_bytes(1000, 3, KvType::F16), 445_906_944);
+}
+
 #[test]
 fn llama_3_1_8b() {
     let s = config("llama-3.1-8b");
@@ -20,9 +38,9 @@ fn llama_3_1_8b() {
     // q8_0: 8 * 128 = 1024 values = 32 blocks of 34 bytes = 1088; 2 * 32 * 1088 = 69632.
     assert_eq!(s.kv_bytes_per_token(KvType::Q8_0), 69_632);
     // 131072 * 8192 tokens = 1 GiB.
-    assert_eq!(s.kv_bytes(8192, 1, KvType::F16), 1_073_741_824);
+    assert_eq!(visible(&s, 8192, 1, KvType::F16), 1_073_741_824);
     // 131072 * 131072 tokens * 4 sequences = 64 GiB.
-    assert_eq!(s.kv_bytes(131_072, 4, KvType::F16), 68_719_476_736);
+    assert_eq!(visible(&s, 131_072, 4, KvType::F16), 68_719_476_736);
 }
 
 #[test]
@@ -35,9 +53,9 @@ fn llama_3_1_70b() {
     // 2 * 80 * 8 * 128 * 2 = 327680 bytes/token.
     assert_eq!(s.kv_bytes_per_token(KvType::F16), 327_680);
     // 327680 * 4096 = 1342177280 (1.25 GiB).
-    assert_eq!(s.kv_bytes(4096, 1, KvType::F16), 1_342_177_280);
+    assert_eq!(visible(&s, 4096, 1, KvType::F16), 1_342_177_280);
     // 327680 * 32768 * 8 = 85899345920 (80 GiB: a whole H100 for KV alone).
-    assert_eq!(s.kv_bytes(32_768, 8, KvType::F16), 85_899_345_920);
+    assert_eq!(visible(&s, 32_768, 8, KvType::F16), 85_899_345_920);
 }
 
 #[test]
@@ -49,9 +67,9 @@ fn mistral_7b_v0_1_slides_on_every_layer() {
     assert_eq!(s.head_dim, 128);
     assert_eq!(s.kv_bytes_per_token(KvType::F16), 131_072);
     // Inside the window: 131072 * 2048 = 268435456.
-    assert_eq!(s.kv_bytes(2048, 1, KvType::F16), 268_435_456);
+    assert_eq!(visible(&s, 2048, 1, KvType::F16), 268_435_456);
     // Past it every layer holds 4096 tokens: 131072 * 4096 * 2 sequences = 1073741824.
-    assert_eq!(s.kv_bytes(32_768, 2, KvType::F16), 1_073_741_824);
+    assert_eq!(visible(&s, 32_768, 2, KvType::F16), 1_073_741_824);
 }
 
 #[test]
@@ -63,9 +81,9 @@ fn qwen3_8b_does_not_slide() {
     // Explicit head_dim 128. 2 * 36 * 8 * 128 * 2 = 147456 bytes/token.
     assert_eq!(s.kv_bytes_per_token(KvType::F16), 147_456);
     // 147456 * 40960 = 6039797760.
-    assert_eq!(s.kv_bytes(40_960, 1, KvType::F16), 6_039_797_760);
+    assert_eq!(visible(&s, 40_960, 1, KvType::F16), 6_039_797_760);
     // 147456 * 1000 * 3 = 442368000.
-    assert_eq!(s.kv_bytes(1000, 3, KvType::F16), 442_368_000);
+    assert_eq!(visible(&s, 1000, 3, KvType::F16), 442_368_000);
 }
 
 #[test]
@@ -83,11 +101,11 @@ fn gemma_3_27b_every_sixth_layer_global() {
     // Per layer and token: 2 * 16 * 128 * 2 = 8192; 62 layers: 507904 bytes/token.
     assert_eq!(s.kv_bytes_per_token(KvType::F16), 507_904);
     // ctx 32768: 10 * 8192 * 32768 + 52 * 8192 * 1024 = 2684354560 + 436207616.
-    assert_eq!(s.kv_bytes(32_768, 1, KvType::F16), 3_120_562_176);
+    assert_eq!(visible(&s, 32_768, 1, KvType::F16), 3_120_562_176);
     // ctx 131072: 10 * 8192 * 131072 + 52 * 8192 * 1024 = 10737418240 + 436207616.
-    assert_eq!(s.kv_bytes(131_072, 1, KvType::F16), 11_173_625_856);
+    assert_eq!(visible(&s, 131_072, 1, KvType::F16), 11_173_625_856);
     // ctx 512 is inside the window: 507904 * 512 * 4 sequences = 1040187392.
-    assert_eq!(s.kv_bytes(512, 4, KvType::F16), 1_040_187_392);
+    assert_eq!(visible(&s, 512, 4, KvType::F16), 1_040_187_392);
 }
 
 #[test]
@@ -99,12 +117,12 @@ fn gemma_2_9b_even_layers_slide() {
     // 2 * 42 * 8 * 256 * 2 = 344064 bytes/token (8192 per layer).
     assert_eq!(s.kv_bytes_per_token(KvType::F16), 344_064);
     // ctx 8192: 21 * 8192 * 8192 + 21 * 8192 * 4096 = 1409286144 + 704643072.
-    assert_eq!(s.kv_bytes(8192, 1, KvType::F16), 2_113_929_216);
+    assert_eq!(visible(&s, 8192, 1, KvType::F16), 2_113_929_216);
     // ctx 2048, inside the window: 344064 * 2048 * 2 = 1409286144.
-    assert_eq!(s.kv_bytes(2048, 2, KvType::F16), 1_409_286_144);
+    assert_eq!(visible(&s, 2048, 2, KvType::F16), 1_409_286_144);
     // q8_0 at ctx 8192: per layer row 8 * 256 = 2048 values = 64 blocks * 34 = 2176,
     // times 2 (K, V) = 4352; 21 * 4352 * 8192 + 21 * 4352 * 4096 = 748683264 + 374341632.
-    assert_eq!(s.kv_bytes(8192, 1, KvType::Q8_0), 1_123_024_896);
+    assert_eq!(visible(&s, 8192, 1, KvType::Q8_0), 1_123_024_896);
 }
 
 #[test]
@@ -124,7 +142,7 @@ fn layer_types_list_wins_over_the_family_pattern() {
     let s = ModelShape::from_hf_config(&cfg, "tiny").unwrap();
     assert_eq!(s.layer_sliding, vec![false, true, true, false]);
     // ctx 100: per layer row 2 * 32 * 2 = 128 bytes; 2 * 100 + 2 * 16 = 232 rows.
-    assert_eq!(s.kv_bytes(100, 1, KvType::F16), 128 * 232);
+    assert_eq!(visible(&s, 100, 1, KvType::F16), 128 * 232);
 }
 
 #[test]

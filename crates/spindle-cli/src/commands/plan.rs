@@ -120,6 +120,13 @@ fn measure(args: &PlanArgs, path: &std::path::Path, plan: &Plan) -> Result<u64> 
     let model = &loaded.model;
     crate::options::check_kv_type(model, kv_type)?;
     let mut kv = model.new_kv_cache(kv_type, ctx, batch);
+    if kv.layout().bytes() as u64 != plan.kv_bytes {
+        bail!(
+            "the plan's KV cache ({} bytes) is not the engine's ({} bytes): a bug in spindle-plan",
+            plan.kv_bytes,
+            kv.layout().bytes()
+        );
+    }
     run_peak_memory_passes(model, &mut kv, ctx, batch, plan.prefill_chunk as usize)?;
     peak_rss().context("cannot read this process's peak resident memory")
 }
