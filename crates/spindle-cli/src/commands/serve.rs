@@ -1,11 +1,13 @@
 //! `spindle serve`: the OpenAI-compatible HTTP server.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use spindle_engine::scheduler::{spawn_engine, EngineConfig};
+use spindle_model::KvCache;
 use spindle_server::AppState;
 
 use crate::options::{tokenizer, ModelArgs};
@@ -59,6 +61,46 @@ pub struct ServeArgs {
 /// Context per sequence when neither --ctx nor --kv-memory is given.
 const DEFAULT_CTX: usize = 4096;
 
+/// The context and the KV pool. Without `--kv-memory` every sequence slot
+/// can reach the context at once (`--ctx`, default 4096). With it, the
+/// pool is that memory, shared: the sliding layers' windows for every
+/// slot, the rest full-attention blocks for whichever sequences need them
+/// (a full pool preempts). A sequence may reach the model's context
+/// (or `--ctx`) as far as the pool holds it.
+fn kv_pool(args: &ServeArgs, path: &Path) -> Result<(usize, Option<usize>)> {
+    let shape = spindle_plan::ModelShape::from_path(path)
+        .with_context(|| format!("cannot plan {}", path.display()))?;
+    let model_ctx = shape.context_length as usize;
+    let Some(budget) = args.model.kv_memory else {
+        let ctx = args.model.planned_ctx_for(
+            path,
+            Some(DEFAULT_CTX.min(model_ctx)),
+            args.max_seqs as u64,
+        )?;
+        return Ok((ctx, None));
+    };
+    let kv = spindle_plan::KvType::parse(args.model.kv_type.as_deref().unwrap_or("f16"))?;
+    let wanted = args.model.ctx.unwrap_or(model_ctx) as u64;
+    let tokens = shape
+        .kv_pool_tokens(budget, args.max_seqs as u64, wanted, kv)
+        .filter(|&t| t > 0)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--kv-memory {} is too small for {} sequences: their sliding windows alone need more; \
+                 raise --kv-memory or lower --max-seqs",
+                spindle_plan::human_bytes(budget),
+                args.max_seqs
+            )
+        })?;
+    let ctx = wanted.min(tokens) as usize;
+    // The machine must hold the weights and the whole pool.
+    let mut one = args.model.clone();
+    one.ctx = Some(ctx);
+    one.kv_memory = None;
+    one.planned_ctx_for(path, None, 1)?;
+    Ok((ctx, Some(tokens as usize)))
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_seqs == 0 || args.max_batch_tokens == 0 {
         bail!("--max-seqs and --max-batch-tokens must be at least 1");
@@ -75,18 +117,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         s => bail!("--spec '{s}': the server drafts with n-grams only; give auto, ngram or off"),
     };
     let path = args.model.resolve()?;
-    let model_ctx = spindle_plan::ModelShape::from_path(&path)
-        .with_context(|| format!("cannot plan {}", path.display()))?
-        .context_length as usize;
-    let default = (args.model.kv_memory.is_none()).then_some(DEFAULT_CTX.min(model_ctx));
-    let ctx = args
-        .model
-        .planned_ctx_for(&path, default, args.max_seqs as u64)?;
+    let (ctx, pool_tokens) = kv_pool(&args, &path)?;
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?.clone();
     let ty = args.model.kv_type(&loaded.model)?;
-    let kv = loaded.model.new_kv_cache(ty, ctx, args.max_seqs);
+    let mut layout = loaded.model.kv_layout(ty, ctx, args.max_seqs);
+    layout.pool_tokens = pool_tokens;
+    let kv = KvCache::new(layout);
     let kv_bytes = spindle_plan::human_bytes(kv.layout().bytes() as u64);
+    let pool = match pool_tokens {
+        Some(t) => format!("{t} tokens shared by {} sequences", args.max_seqs),
+        None => format!("{} sequences x {ctx} tokens", args.max_seqs),
+    };
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -114,8 +156,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()?;
     rt.block_on(spindle_server::serve(state, addr, |bound| {
         eprintln!(
-            "serving {name} ({threads} threads, {} sequences x {ctx} tokens, KV cache {kv_bytes} {}{}) at http://{bound}/v1",
-            args.max_seqs,
+            "serving {name} ({threads} threads, context {ctx}, KV pool {kv_bytes} {}: {pool}{}) at http://{bound}/v1",
             ty.name(),
             if args.api_key.is_some() { ", API key required" } else { "" }
         );

@@ -1,8 +1,15 @@
 //! The engine loop: one thread owns the model and the KV cache and, after
 //! every pass, takes in new requests, drops cancelled ones, admits waiting
-//! requests into free sequence slots, and builds the next `Batch` from
-//! every running sequence: one decode row each, then prompt chunks up to
-//! the token budget (chunked prefill beside decode).
+//! requests while sequence slots and KV blocks allow, and builds the next
+//! `Batch` from every running sequence: one decode row each (with its
+//! drafted tree), then prompt chunks up to the token budget (chunked
+//! prefill beside decode).
+//!
+//! When the next pass would need more KV blocks than the pool has free,
+//! speculative trees go first, then the most recently admitted sequence
+//! is preempted: its blocks are freed and it waits, ahead of new requests,
+//! to be recomputed from its tokens so far (much of it from the prefix
+//! cache). Nothing is truncated and its output does not change.
 //!
 //! Every row's logits are bit-identical to those of the same sequence run
 //! alone (batch-invariant kernels), and the sampler is keyed by (seed,
@@ -110,10 +117,9 @@ pub fn spawn_engine(model: Model, kv: KvCache, config: EngineConfig) -> EngineHa
         metrics: metrics.clone(),
         ctx: kv.max_len(),
     };
-    metrics.kv_capacity.store(
-        (kv.max_len() * kv.layout().max_seqs) as u64,
-        Ordering::Relaxed,
-    );
+    metrics
+        .kv_capacity
+        .store(kv.layout().bytes() as u64, Ordering::Relaxed);
     std::thread::Builder::new()
         .name("spindle-engine".into())
         .spawn(move || {
@@ -125,8 +131,9 @@ pub fn spawn_engine(model: Model, kv: KvCache, config: EngineConfig) -> EngineHa
                 queued,
                 waiting: FairQueue::new(config.fair),
                 running: Vec::new(),
-                cached: Vec::new(),
-                clock: 0,
+                preempted: Vec::new(),
+                next_up: None,
+                admissions: 0,
                 cost: CostLine::default(),
             };
             engine.run(rx);
@@ -140,8 +147,13 @@ struct Running {
     req: Request,
     seq: SeqId,
     arrived: Instant,
-    /// Prompt tokens committed to the KV cache so far.
+    /// Order of first admission: the latest admitted is preempted first.
+    admitted: u64,
+    /// Tokens of `history` committed to the KV cache.
     fed: usize,
+    /// Prefill runs `history[fed..prefill_to]`: the prompt, or after a
+    /// preemption every token so far.
+    prefill_to: usize,
     /// Prompt and emitted tokens.
     history: Vec<u32>,
     generated: usize,
@@ -191,21 +203,14 @@ struct EngineLoop {
     queued: Arc<AtomicUsize>,
     waiting: FairQueue<Waiting>,
     running: Vec<Running>,
-    /// Sequences of finished requests, kept with their KV until their slot
-    /// is needed: a new prompt that starts with the same tokens continues
-    /// from there (prefix cache).
-    cached: Vec<Cached>,
-    /// Counts admissions, to find the least recently used cached sequence.
-    clock: u64,
+    /// Requests preempted for KV blocks, to be recomputed before any new
+    /// request is admitted.
+    preempted: Vec<Running>,
+    /// A request taken from the queue that did not fit yet: admitted next.
+    next_up: Option<Waiting>,
+    admissions: u64,
     /// What passes cost by rows, for the speculative policies.
     cost: CostLine,
-}
-
-/// A finished request's sequence and the tokens its KV holds.
-struct Cached {
-    seq: SeqId,
-    tokens: Vec<u32>,
-    last_used: u64,
 }
 
 /// What one running sequence contributes to a pass.
@@ -252,8 +257,9 @@ impl EngineLoop {
         );
     }
 
-    /// Moves finished and cancelled sequences out of the running set; their
-    /// KV stays as a prefix cache unless the request failed.
+    /// Moves finished and cancelled sequences out of the running set and
+    /// frees their blocks (full ones stay in the prefix cache); drops
+    /// cancelled requests that wait.
     fn retire_finished(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
@@ -263,18 +269,16 @@ impl EngineLoop {
                 continue;
             }
             let r = self.running.swap_remove(i);
-            let len = self.kv.seq_len(r.seq);
-            if r.failed || len == 0 {
-                self.kv.remove_sequence(r.seq);
-            } else {
-                let mut tokens = r.history;
-                tokens.truncate(len);
-                self.cached.push(Cached {
-                    seq: r.seq,
-                    tokens,
-                    last_used: self.clock,
-                });
-            }
+            self.kv.remove_sequence(r.seq);
+        }
+        self.preempted.retain(|r| !r.req.events.is_closed());
+        if self
+            .next_up
+            .as_ref()
+            .is_some_and(|w| w.req.events.is_closed())
+        {
+            self.next_up = None;
+            self.queued.fetch_sub(1, Ordering::SeqCst);
         }
         let before = self.waiting.len();
         self.waiting.retain(|w| !w.req.events.is_closed());
@@ -282,98 +286,182 @@ impl EngineLoop {
         self.queued.fetch_sub(dropped, Ordering::SeqCst);
     }
 
-    /// A sequence for `prompt` and how many of its tokens it already holds:
-    /// the cached sequence sharing the longest prefix with it (at least one
-    /// prompt token is left to run, for the first logits), else a free
-    /// slot, else the least recently used cached sequence, emptied.
-    fn sequence_for(&mut self, prompt: &[u32]) -> Option<(SeqId, usize)> {
-        let common = |t: &[u32]| {
-            t.iter()
-                .zip(prompt)
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(prompt.len().saturating_sub(1))
-        };
-        let best = (0..self.cached.len())
-            .map(|i| (common(&self.cached[i].tokens), i))
-            .max();
-        if let Some((n, i)) = best.filter(|&(n, _)| n > 0) {
-            let seq = self.cached[i].seq;
-            // A sliding window may no longer hold what position `n` needs.
-            if self.kv.truncate(seq, n).is_ok() {
-                self.cached.swap_remove(i);
-                return Some((seq, n));
-            }
-        }
-        if self.kv.free_sequences() == 0 {
-            let lru = (0..self.cached.len()).min_by_key(|&i| self.cached[i].last_used)?;
-            let old = self.cached.swap_remove(lru);
-            self.kv.remove_sequence(old.seq);
-        }
-        self.kv.add_sequence().ok().map(|seq| (seq, 0))
-    }
-
+    /// Admits requests while a sequence slot is free and the KV pool has
+    /// room for their prompts beside the running sequences' next pass:
+    /// preempted requests first (earliest admitted first), then the queue.
     fn admit(&mut self) {
         if self.config.static_batching && !self.running.is_empty() {
             return;
         }
-        while !self.waiting.is_empty() && self.kv.free_sequences() + self.cached.len() > 0 {
-            let w = self.waiting.pop().expect("not empty");
+        while self.kv.free_sequences() > 0 {
+            let earliest = (0..self.preempted.len()).min_by_key(|&i| self.preempted[i].admitted);
+            if let Some(i) = earliest {
+                let r = self.preempted.swap_remove(i);
+                if let Some(r) = self.resume(r) {
+                    self.preempted.push(r);
+                    return;
+                }
+                continue;
+            }
+            let Some(w) = self.next_up.take().or_else(|| self.waiting.pop()) else {
+                return;
+            };
+            if let Some(w) = self.start(w) {
+                self.next_up = Some(w);
+                return;
+            }
+        }
+    }
+
+    /// Opens a sequence for `tokens` (from the prefix cache as far as it
+    /// holds them) if the pool has room to prefill the rest beside what
+    /// the running sequences need next; returns it and the cached length.
+    fn open_sequence(&mut self, tokens: &[u32]) -> Option<(SeqId, usize)> {
+        let (seq, cached) = self.kv.add_sequence_with_prefix(tokens).ok()?;
+        let mut commits = self.demands(false);
+        commits.push((seq, tokens.len() - cached));
+        // Alone, a sequence always fits: the pool holds a whole context.
+        if !self.running.is_empty() && !self.kv.fits(&commits) {
+            self.kv.remove_sequence(seq);
+            return None;
+        }
+        let m = &self.metrics;
+        m.prefix_cache_queries
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        m.prefix_cache_hits
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        Some((seq, cached))
+    }
+
+    /// Starts a new request; gives it back if there is no room yet.
+    fn start(&mut self, w: Waiting) -> Option<Waiting> {
+        let ctx = self.kv.max_len();
+        let problem = if w.req.prompt.is_empty() {
+            Some("the prompt is empty: give at least one token".to_string())
+        } else if w.req.prompt.len() >= ctx {
+            Some(format!(
+                "the prompt has {} tokens but the context holds {ctx}",
+                w.req.prompt.len()
+            ))
+        } else {
+            None
+        };
+        if let Some(msg) = problem {
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            self.clock += 1;
-            let ctx = self.kv.max_len();
-            let problem = if w.req.prompt.is_empty() {
-                Some("the prompt is empty: give at least one token".to_string())
-            } else if w.req.prompt.len() >= ctx {
-                Some(format!(
-                    "the prompt has {} tokens but the context holds {ctx}",
-                    w.req.prompt.len()
-                ))
-            } else {
-                None
-            };
-            if let Some(msg) = problem {
-                let _ = w.req.events.send(Event::Error(msg));
-                continue;
+            let _ = w.req.events.send(Event::Error(msg));
+            return None;
+        }
+        let Some((seq, cached)) = self.open_sequence(&w.req.prompt) else {
+            return Some(w);
+        };
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        self.metrics
+            .prompt_tokens
+            .fetch_add(w.req.prompt.len() as u64, Ordering::Relaxed);
+        self.admissions += 1;
+        let history = w.req.prompt.clone();
+        let mut r = Running {
+            prefill_to: history.len(),
+            req: w.req,
+            seq,
+            arrived: w.arrived,
+            admitted: self.admissions,
+            fed: cached,
+            history,
+            generated: 0,
+            pending: None,
+            last_token_at: None,
+            done: false,
+            failed: false,
+            spec: self.config.spec_budget.map(|b| SeqSpec {
+                drafter: NgramDrafter::default(),
+                policy: if self.config.spec_fixed {
+                    Adaptive::fixed(b)
+                } else {
+                    Adaptive::new(b)
+                },
+            }),
+        };
+        if r.req.params.max_tokens == 0 {
+            finish(&self.metrics, &mut r, FinishReason::Length);
+            self.kv.remove_sequence(seq);
+            return None;
+        }
+        self.running.push(r);
+        None
+    }
+
+    /// Brings a preempted request back (its tokens so far are its
+    /// prompt); gives it back if there is no room yet.
+    fn resume(&mut self, mut r: Running) -> Option<Running> {
+        let Some((seq, cached)) = self.open_sequence(&r.history[..r.prefill_to]) else {
+            return Some(r);
+        };
+        (r.seq, r.fed) = (seq, cached);
+        self.running.push(r);
+        None
+    }
+
+    /// What each running sequence may commit in the next pass: its pending
+    /// token and, `with_trees`, the deepest accepted path of its tree; the
+    /// prompt chunks the token budget leaves room for.
+    fn demands(&self, with_trees: bool) -> Vec<(SeqId, usize)> {
+        let tree = match (with_trees, self.config.spec_budget) {
+            (true, Some(b)) => b.min(MAX_DEPTH),
+            _ => 0,
+        };
+        let mut commits = Vec::new();
+        let mut budget = self.config.max_batch_tokens;
+        for r in self.running.iter().filter(|r| r.pending.is_some()) {
+            commits.push((r.seq, 1 + tree));
+            budget = budget.saturating_sub(1);
+        }
+        for r in &self.running {
+            let left = r.prefill_to - r.fed;
+            if left > 0 && budget > 0 {
+                let take = left.min(budget);
+                budget -= take;
+                commits.push((r.seq, take));
             }
-            let Some((seq, reused)) = self.sequence_for(&w.req.prompt) else {
-                let _ = w.req.events.send(Event::Error("no KV slot is free".into()));
-                continue;
-            };
-            let m = &self.metrics;
-            m.prompt_tokens
-                .fetch_add(w.req.prompt.len() as u64, Ordering::Relaxed);
-            m.prefix_cache_queries
-                .fetch_add(w.req.prompt.len() as u64, Ordering::Relaxed);
-            m.prefix_cache_hits
-                .fetch_add(reused as u64, Ordering::Relaxed);
-            let history = w.req.prompt.clone();
-            let mut r = Running {
-                req: w.req,
-                seq,
-                arrived: w.arrived,
-                fed: reused,
-                history,
-                generated: 0,
-                pending: None,
-                last_token_at: None,
-                done: false,
-                failed: false,
-                spec: self.config.spec_budget.map(|b| SeqSpec {
-                    drafter: NgramDrafter::default(),
-                    policy: if self.config.spec_fixed {
-                        Adaptive::fixed(b)
-                    } else {
-                        Adaptive::new(b)
-                    },
-                }),
-            };
-            if r.req.params.max_tokens == 0 {
-                finish(&self.metrics, &mut r, FinishReason::Length);
-                self.kv.remove_sequence(seq);
-                continue;
+        }
+        commits
+    }
+
+    /// Makes the next pass fit in the KV pool: without speculative trees if
+    /// need be, else by preempting the most recently admitted sequences.
+    /// Returns whether the pass may verify trees.
+    fn make_room(&mut self) -> bool {
+        loop {
+            if self.kv.fits(&self.demands(true)) {
+                return true;
             }
-            self.running.push(r);
+            if self.kv.fits(&self.demands(false)) {
+                return false;
+            }
+            if self.running.len() <= 1 {
+                // Cannot happen with a pool that holds a whole context;
+                // if it does, the request ends with the reason.
+                for r in &mut self.running {
+                    let _ = r.req.events.send(Event::Error(
+                        "the KV cache has no room for this sequence's next tokens: give it more --kv-memory".into(),
+                    ));
+                    (r.done, r.failed) = (true, true);
+                }
+                return false;
+            }
+            let latest = (0..self.running.len())
+                .max_by_key(|&i| self.running[i].admitted)
+                .expect("more than one running");
+            let mut r = self.running.swap_remove(latest);
+            self.kv.remove_sequence(r.seq);
+            // Everything so far, the pending token included, is prefilled
+            // again; its logits choose the next token as decoding would.
+            r.pending = None;
+            r.prefill_to = r.history.len();
+            r.fed = 0;
+            self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(seq = r.seq, tokens = r.prefill_to, "preempted");
+            self.preempted.push(r);
         }
     }
 
@@ -383,13 +471,17 @@ impl EngineLoop {
             .store(self.running.len() as u64, Ordering::Relaxed);
         m.requests_waiting
             .store(self.queued.load(Ordering::SeqCst) as u64, Ordering::Relaxed);
-        let used: usize = self.running.iter().map(|r| self.kv.seq_len(r.seq)).sum();
-        m.kv_used.store(used as u64, Ordering::Relaxed);
+        m.kv_used
+            .store(self.kv.bytes_used() as u64, Ordering::Relaxed);
     }
 
     /// One pass over every running sequence: each decoding sequence's
     /// pending token with its drafted tree, then prompt chunks.
     fn step(&mut self) {
+        let with_trees = self.make_room();
+        if self.running.iter().all(|r| r.done) {
+            return;
+        }
         let mut batch = Batch::new();
         let mut parts = Vec::new();
         let max_len = self.kv.max_len();
@@ -401,7 +493,7 @@ impl EngineLoop {
             };
             let p = r.history.len() - 1;
             let tree = match &mut r.spec {
-                Some(spec) => {
+                Some(spec) if with_trees => {
                     if let Some((fixed, per_row)) = cost {
                         // This sequence's share of the fixed cost, and what
                         // each of its rows adds.
@@ -413,7 +505,7 @@ impl EngineLoop {
                         .min(max_len.saturating_sub(p + 2));
                     spec.draft(&r.history, depth)
                 }
-                None => TokenTree::default(),
+                _ => TokenTree::default(),
             };
             let rows = push_tree(&mut batch, r.seq, p, token, &tree);
             parts.push(Part {
@@ -426,14 +518,14 @@ impl EngineLoop {
         }
         let mut budget = self.config.max_batch_tokens.saturating_sub(batch.len());
         for (i, r) in self.running.iter().enumerate() {
-            let left = r.req.prompt.len() - r.fed;
+            let left = r.prefill_to - r.fed;
             if left == 0 || budget == 0 {
                 continue;
             }
             let take = left.min(budget);
             budget -= take;
-            let last = r.fed + take == r.req.prompt.len();
-            let rows = batch.push_chain(r.seq, r.fed, &r.req.prompt[r.fed..r.fed + take], |j| {
+            let last = r.fed + take == r.prefill_to;
+            let rows = batch.push_chain(r.seq, r.fed, &r.history[r.fed..r.fed + take], |j| {
                 last && j + 1 == take
             });
             let logits_row = last.then(|| rows.end - 1);

@@ -46,7 +46,7 @@ impl Histogram {
 pub struct Metrics {
     pub requests_running: AtomicU64,
     pub requests_waiting: AtomicU64,
-    /// KV positions committed across running sequences, and capacity.
+    /// Bytes of KV blocks that sequences hold, and of the whole pool.
     pub kv_used: AtomicU64,
     pub kv_capacity: AtomicU64,
     pub prefix_cache_queries: AtomicU64,
@@ -57,6 +57,8 @@ pub struct Metrics {
     pub spec_drafted: AtomicU64,
     pub spec_accepted: AtomicU64,
     pub passes: AtomicU64,
+    /// Sequences preempted for KV blocks (recomputed later).
+    pub preemptions: AtomicU64,
     pub time_to_first_token: Mutex<Histogram>,
     pub inter_token_latency: Mutex<Histogram>,
     pub e2e_latency: Mutex<Histogram>,
@@ -105,7 +107,7 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{label} {v}"
             );
         }
-        let counters: [(&str, &str, &AtomicU64); 8] = [
+        let counters: [(&str, &str, &AtomicU64); 9] = [
             (
                 "spindle:prefix_cache_queries_total",
                 "Prompt tokens looked up in the prefix cache.",
@@ -145,6 +147,11 @@ impl Metrics {
                 "spindle:num_forward_passes_total",
                 "Forward passes of the model.",
                 &self.passes,
+            ),
+            (
+                "spindle:num_preemptions_total",
+                "Sequences preempted for KV blocks and recomputed later.",
+                &self.preemptions,
             ),
         ];
         for (name, help, v) in counters {
