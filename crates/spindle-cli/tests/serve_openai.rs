@@ -125,6 +125,14 @@ fn openai_client_against_a_live_server() {
         &["--max-seqs", "1", "--max-waiting", "1", "--ctx", "512"],
     );
     let impatient = start(&model, &["--max-seqs", "1", "--request-timeout", "1"]);
+    // A KV pool of 8 full-attention blocks (128 tokens) beside the sliding
+    // windows of 4 sequences at --ctx 256: 4 x 15 layers x 256 tokens +
+    // 3 layers x 128 tokens, at 1 KiB per layer and token.
+    let pool = (4 * 15 * 256 + 3 * 128) * 1024;
+    let tight = start(
+        &model,
+        &["--max-seqs", "4", "--ctx", "256", "--kv-memory", &pool.to_string()],
+    );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai/check_server.py");
     let status = Command::new("python3")
         .arg(&script)
@@ -133,6 +141,7 @@ fn openai_client_against_a_live_server() {
         .env("SPINDLE_KEY", key)
         .env("SPINDLE_SMALL_URL", &small.url)
         .env("SPINDLE_TIMEOUT_URL", &impatient.url)
+        .env("SPINDLE_TIGHT_URL", &tight.url)
         .env("SPINDLE_MODEL", "gemma-3-270m-q4_k_m")
         .env("SPINDLE_SOLO", greedy)
         .env("SPINDLE_SOLO_SAMPLED", sampled)

@@ -5,6 +5,8 @@ Run by tests/serve_openai.rs, which starts the servers and passes:
   SPINDLE_KEY        that key
   SPINDLE_SMALL_URL  a server with one sequence slot and one waiting place (429)
   SPINDLE_TIMEOUT_URL  a server with --request-timeout 1
+  SPINDLE_TIGHT_URL  a server whose KV pool holds 128 tokens of full
+                     attention for 4 sequences (it must preempt)
   SPINDLE_MODEL      the served model name
   SPINDLE_SOLO       JSON: {prompt: text} of `spindle run --temp 0 --spec off`
                      outputs, an independent reference for greedy completions
@@ -26,6 +28,7 @@ URL = os.environ["SPINDLE_URL"]
 KEY = os.environ["SPINDLE_KEY"]
 SMALL = os.environ["SPINDLE_SMALL_URL"]
 IMPATIENT = os.environ["SPINDLE_TIMEOUT_URL"]
+TIGHT = os.environ["SPINDLE_TIGHT_URL"]
 MODEL = os.environ["SPINDLE_MODEL"]
 SOLO = json.loads(os.environ["SPINDLE_SOLO"])
 SOLO_SAMPLED = json.loads(os.environ["SPINDLE_SOLO_SAMPLED"])
@@ -319,6 +322,51 @@ def _():
     # again, now mostly from the cache, gives the same reply.
     again = ask("Which hammer should I buy?")
     assert again.choices[0].message.content == first.choices[0].message.content
+
+
+@check("a system prompt longer than the sliding window (512) hits the prefix cache")
+def _():
+    # Gemma's sliding layers keep only a window: the cache must still hold
+    # the blocks that window sees where the shared prefix ends.
+    system = {"role": "system", "content": " ".join(f"Rule {i}: answer in plain words." for i in range(90))}
+    ask = lambda q: client.chat.completions.create(
+        model=MODEL, messages=[system, {"role": "user", "content": q}], max_tokens=8, temperature=0)
+    wait_idle()
+    first = ask("What is rule 3?")
+    assert first.usage.prompt_tokens > 700, first.usage.prompt_tokens
+    between = metrics()
+    second = ask("What is rule 4?")
+    after = metrics()
+    hits = after["spindle:prefix_cache_hits_total"] - between["spindle:prefix_cache_hits_total"]
+    assert hits >= second.usage.prompt_tokens - 40, (hits, second.usage.prompt_tokens)
+    again = ask("What is rule 3?")
+    assert again.choices[0].message.content == first.choices[0].message.content
+
+
+@check("a KV pool too small for every sequence preempts and recomputes, output unchanged")
+def _():
+    tight = openai.OpenAI(base_url=TIGHT, api_key="x", max_retries=0, timeout=120)
+    prompts = [f"List {i}: apples, pears, plums," for i in range(8)]
+    lens = [40 + (i * 3) % 12 for i in range(8)]
+
+    def one(i):
+        return tight.completions.create(model=MODEL, prompt=prompts[i], max_tokens=lens[i], temperature=0,
+                                        extra_body={"ignore_eos": True}).choices[0].text
+
+    solo = [one(i) for i in range(8)]
+    root = TIGHT[: -len("/v1")]
+    before = metrics(root)["spindle:num_preemptions_total"]
+    with cf.ThreadPoolExecutor(8) as ex:
+        together = list(ex.map(one, range(8)))
+    assert together == solo, [(a, b) for a, b in zip(together, solo) if a != b]
+    m = metrics(root)
+    assert m["spindle:num_preemptions_total"] > before, m
+    for _ in range(100):
+        if m["spindle:kv_cache_usage_perc"] == 0:
+            break
+        time.sleep(0.1)
+        m = metrics(root)
+    assert m["spindle:kv_cache_usage_perc"] == 0, m
 
 
 @check("a client that disconnects mid-stream frees its KV")
