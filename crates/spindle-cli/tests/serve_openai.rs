@@ -131,7 +131,14 @@ fn openai_client_against_a_live_server() {
     let pool = (4 * 15 * 256 + 3 * 128) * 1024;
     let tight = start(
         &model,
-        &["--max-seqs", "4", "--ctx", "256", "--kv-memory", &pool.to_string()],
+        &[
+            "--max-seqs",
+            "4",
+            "--ctx",
+            "256",
+            "--kv-memory",
+            &pool.to_string(),
+        ],
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai/check_server.py");
     let status = Command::new("python3")

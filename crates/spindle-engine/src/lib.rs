@@ -1,6 +1,7 @@
 //! Sequences, sampling, the generation loop and scoring.
 
 pub mod bench;
+pub mod decide;
 pub mod error;
 pub mod generate;
 pub mod sampler;

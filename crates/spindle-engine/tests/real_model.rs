@@ -3,6 +3,9 @@
 //! float32 (scripts/make_real_reference.py). Spindle quantizes activations to
 //! int8 for quantized weights, so log-probabilities agree within a tolerance.
 
+mod common;
+use common::real_model;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -34,30 +37,6 @@ struct Greedy {
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../spindle-model/tests/fixtures/real")
-}
-
-/// The real model, or `None` (with a note) when it has not been pulled.
-/// With `SPINDLE_REQUIRE_MODEL=1` (CI) a missing model fails the test.
-fn real_model() -> Option<PathBuf> {
-    let home = std::env::var_os("SPINDLE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle")
-        });
-    let path = home.join("models/gemma-3-270m-q4_k_m.gguf");
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
-        "SPINDLE_REQUIRE_MODEL=1 but {} is missing: run `spindle pull`",
-        path.display()
-    );
-    eprintln!(
-        "skipping: {} not found (run `spindle pull`)",
-        path.display()
-    );
-    None
 }
 
 fn reference() -> Reference {

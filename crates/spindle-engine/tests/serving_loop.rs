@@ -71,6 +71,7 @@ fn submit(e: &EngineHandle, i: u64, max_tokens: usize, tenant: &str) -> Unbounde
         prompt: prompt(i),
         params: params(i, max_tokens),
         tenant: tenant.into(),
+        score: None,
         events: tx,
     })
     .unwrap();
@@ -88,6 +89,7 @@ fn collect_after(rx: &mut UnboundedReceiver<Event>, seen: usize) -> (Vec<u32>, F
                 return (tokens, f.reason);
             }
             Event::Error(e) => panic!("{e}"),
+            Event::Scores(s) => panic!("a generation request got scores: {s:?}"),
         }
     }
 }
@@ -210,6 +212,7 @@ fn a_dropped_request_frees_its_slot_and_errors_are_reported() {
         prompt: vec![3; 200],
         params: params(0, 4),
         tenant: "a".into(),
+        score: None,
         events: tx,
     })
     .unwrap();
@@ -239,6 +242,7 @@ fn big_ones_behind_small(fair: bool) -> usize {
         prompt: prompt(1),
         params: params(1, 3),
         tenant: "big".into(),
+        score: None,
         events: tx,
     });
     assert!(matches!(

@@ -16,12 +16,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::value::{Kwargs, Value};
 use minijinja::{context, Environment, Error, ErrorKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::tokenizer::Tokenizer;
 
 /// One turn of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user` or `assistant` (some templates know `tool` too).
     pub role: String,

@@ -205,6 +205,18 @@ pub fn build_job(
     })
 }
 
+/// A refused submission as the client hears it: 429 with `Retry-After`
+/// for a full queue.
+pub fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull { .. } => ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+        },
+        SubmitError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
 /// Submits the job's `n` requests and returns the channel their pieces
 /// arrive on. Choice `i` samples with seed `seed + i`.
 pub fn start(state: &Arc<AppState>, job: Job) -> Result<mpsc::Receiver<Piece>, ApiError> {
@@ -219,15 +231,10 @@ pub fn start(state: &Arc<AppState>, job: Job) -> Result<mpsc::Receiver<Piece>, A
             prompt: job.prompt.clone(),
             params,
             tenant: job.tenant.clone(),
+            score: None,
             events: etx,
         };
-        state.engine.submit(req).map_err(|e| match e {
-            SubmitError::QueueFull { .. } => ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
-            },
-            SubmitError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        })?;
+        state.engine.submit(req).map_err(submit_error)?;
         receivers.push(erx);
     }
     for (index, erx) in receivers.into_iter().enumerate() {
@@ -318,6 +325,8 @@ async fn drive_choice(
                 let _ = out.send(Piece::Failed { error }).await;
                 return;
             }
+            // Only score requests (the decision endpoint) get scores.
+            Event::Scores(_) => {}
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Spindle's HTTP server: the OpenAI API (`/v1/models`, `/v1/completions`,
-//! `/v1/chat/completions` with streaming), `/tokenize`, `/detokenize`,
+//! `/v1/chat/completions` with streaming), `/v1/decide`, `/tokenize`, `/detokenize`,
 //! `/health` and Prometheus `/metrics`, over the engine's continuous
 //! batching loop. The server knows requests and text; the engine knows
 //! sequences and tokens.
 
+mod decide;
 mod error;
 mod generation;
 pub mod openai;

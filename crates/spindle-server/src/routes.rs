@@ -26,7 +26,7 @@ use crate::openai::{
 };
 use crate::AppState;
 
-type Shared = Arc<AppState>;
+pub(crate) type Shared = Arc<AppState>;
 
 /// Every route; `/health` and `/metrics` need no key.
 pub fn router(state: Shared) -> Router {
@@ -34,6 +34,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/decide", post(crate::decide::decide))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
@@ -67,16 +68,16 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The tenant of a request: its API key, or everyone's.
-fn tenant(headers: &HeaderMap) -> String {
+pub(crate) fn tenant(headers: &HeaderMap) -> String {
     bearer(headers).unwrap_or_else(|| "default".into())
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(crate) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
-fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
     if model == state.model_name {
         Ok(())
     } else {

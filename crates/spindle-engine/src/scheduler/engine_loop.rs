@@ -30,6 +30,7 @@ use crate::spec::{Adaptive, CostLine, Drafter, NgramDrafter};
 use super::metrics::Metrics;
 use super::queue::FairQueue;
 use super::request::{Event, Finished, Request, TokenLogprobs};
+use super::score_tree::{push_score_tree, read_scores, PlacedTree};
 use crate::generate::FinishReason;
 use crate::sampler::sample;
 use crate::score::{log_softmax, top_k};
@@ -223,6 +224,8 @@ struct Part {
     logits_row: Option<usize>,
     /// The drafted tree verified after the pending token (rows after it).
     tree: TokenTree,
+    /// A request's score tree, behind its prompt's last chunk.
+    score: Option<PlacedTree>,
 }
 
 impl EngineLoop {
@@ -336,6 +339,7 @@ impl EngineLoop {
     /// Starts a new request; gives it back if there is no room yet.
     fn start(&mut self, w: Waiting) -> Option<Waiting> {
         let ctx = self.kv.max_len();
+        let depth = w.req.score.as_ref().map_or(Ok(0), |t| t.depth());
         let problem = if w.req.prompt.is_empty() {
             Some("the prompt is empty: give at least one token".to_string())
         } else if w.req.prompt.len() >= ctx {
@@ -344,7 +348,14 @@ impl EngineLoop {
                 w.req.prompt.len()
             ))
         } else {
-            None
+            match depth {
+                Err(e) => Some(format!("the score tree is malformed: {e}")),
+                Ok(d) if w.req.prompt.len() + d > ctx => Some(format!(
+                    "the prompt ({} tokens) and the score tree ({d} deep) exceed the context of {ctx}",
+                    w.req.prompt.len()
+                )),
+                Ok(_) => None,
+            }
         };
         if let Some(msg) = problem {
             self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -359,6 +370,7 @@ impl EngineLoop {
             .prompt_tokens
             .fetch_add(w.req.prompt.len() as u64, Ordering::Relaxed);
         self.admissions += 1;
+        let scoring = w.req.score.is_some();
         let history = w.req.prompt.clone();
         let mut r = Running {
             prefill_to: history.len(),
@@ -373,16 +385,20 @@ impl EngineLoop {
             last_token_at: None,
             done: false,
             failed: false,
-            spec: self.config.spec_budget.map(|b| SeqSpec {
-                drafter: NgramDrafter::default(),
-                policy: if self.config.spec_fixed {
-                    Adaptive::fixed(b)
-                } else {
-                    Adaptive::new(b)
-                },
-            }),
+            spec: self
+                .config
+                .spec_budget
+                .filter(|_| !scoring)
+                .map(|b| SeqSpec {
+                    drafter: NgramDrafter::default(),
+                    policy: if self.config.spec_fixed {
+                        Adaptive::fixed(b)
+                    } else {
+                        Adaptive::new(b)
+                    },
+                }),
         };
-        if r.req.params.max_tokens == 0 {
+        if r.req.params.max_tokens == 0 && !scoring {
             finish(&self.metrics, &mut r, FinishReason::Length);
             self.kv.remove_sequence(seq);
             return None;
@@ -514,6 +530,7 @@ impl EngineLoop {
                 rows,
                 prompt_tokens: 0,
                 tree,
+                score: None,
             });
         }
         let mut budget = self.config.max_batch_tokens.saturating_sub(batch.len());
@@ -525,16 +542,19 @@ impl EngineLoop {
             let take = left.min(budget);
             budget -= take;
             let last = r.fed + take == r.prefill_to;
+            let score_tree = r.req.score.as_ref().filter(|_| last);
             let rows = batch.push_chain(r.seq, r.fed, &r.history[r.fed..r.fed + take], |j| {
-                last && j + 1 == take
+                last && j + 1 == take && score_tree.is_none()
             });
-            let logits_row = last.then(|| rows.end - 1);
+            let score = score_tree.map(|t| push_score_tree(&mut batch, r.seq, rows.end - 1, t));
+            let logits_row = (last && score.is_none()).then(|| rows.end - 1);
             parts.push(Part {
                 running: i,
                 rows,
                 prompt_tokens: take,
                 logits_row,
                 tree: TokenTree::default(),
+                score,
             });
         }
         if batch.is_empty() {
@@ -581,11 +601,16 @@ impl EngineLoop {
     fn pass(&mut self, batch: &Batch, parts: &[Part]) -> Result<LazyLogits, EngineError> {
         let hidden = self.model.forward_hidden(batch, &mut self.kv)?;
         let mut logits = LazyLogits::new(hidden);
-        let first: Vec<usize> = parts
+        let mut first: Vec<usize> = parts
             .iter()
             .filter_map(|p| p.logits_row.map(|row| likeliest_path(&p.tree, row, row)))
             .flatten()
             .collect();
+        for p in parts {
+            if let Some(s) = &p.score {
+                first.extend(&s.logits_rows);
+            }
+        }
         logits.compute(&self.model, &first)?;
         Ok(logits)
     }
@@ -607,6 +632,14 @@ impl EngineLoop {
                 .commit(r.seq, &rows)
                 .map_err(|e| format!("KV commit failed: {e}"))?;
             r.fed += p.prompt_tokens;
+        }
+        if let Some(placed) = &p.score {
+            let tree = r.req.score.as_ref().expect("a score part has a tree");
+            let scores = read_scores(&self.model, logits, tree, placed)
+                .map_err(|e| format!("the output head failed: {e}"))?;
+            let _ = r.req.events.send(Event::Scores(scores));
+            finish(&self.metrics, r, FinishReason::Stop);
+            return Ok(());
         }
         let Some(root) = p.logits_row else {
             return Ok(());

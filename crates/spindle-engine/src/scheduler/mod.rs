@@ -9,8 +9,9 @@ mod engine_loop;
 mod metrics;
 mod queue;
 mod request;
+mod score_tree;
 
 pub use engine_loop::{spawn_engine, EngineConfig, EngineHandle, SubmitError};
 pub use metrics::{Histogram, Metrics};
 pub use queue::FairQueue;
-pub use request::{Event, Finished, Request, RequestParams, TokenLogprobs};
+pub use request::{Event, Finished, Request, RequestParams, ScoreTree, TokenLogprobs, TreeScores};

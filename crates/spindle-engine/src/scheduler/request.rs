@@ -20,12 +20,62 @@ pub struct RequestParams {
     pub logprobs: Option<usize>,
 }
 
+/// A token tree to score after the prompt, in the prompt's last pass,
+/// instead of generating: the decision endpoint's options.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScoreTree {
+    /// Each node's token and parent node (`None`: it follows the prompt's
+    /// last token). Parents come before their children.
+    pub nodes: Vec<(u32, Option<usize>)>,
+    /// Nodes whose own token's log-probability is wanted.
+    pub scored: Vec<usize>,
+    /// `(node, token)`: the log-probability of `token` right after `node`
+    /// (an end marker that closes an option).
+    pub ends: Vec<(usize, u32)>,
+}
+
+impl ScoreTree {
+    /// The tree's depth (longest chain of nodes), or why the tree is
+    /// malformed.
+    pub fn depth(&self) -> Result<usize, String> {
+        let mut depth = vec![0usize; self.nodes.len()];
+        for (i, &(_, parent)) in self.nodes.iter().enumerate() {
+            depth[i] = match parent {
+                None => 1,
+                Some(p) if p < i => depth[p] + 1,
+                Some(p) => return Err(format!("node {i}'s parent {p} does not come before it")),
+            };
+        }
+        let n = self.nodes.len();
+        if let Some(bad) = self
+            .scored
+            .iter()
+            .chain(self.ends.iter().map(|(n, _)| n))
+            .find(|&&i| i >= n)
+        {
+            return Err(format!("node {bad} is not in the tree of {n} nodes"));
+        }
+        Ok(depth.into_iter().max().unwrap_or(0))
+    }
+}
+
+/// What scoring a tree gives, in the order of [`ScoreTree::scored`] and
+/// [`ScoreTree::ends`]: natural-log probabilities under the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeScores {
+    pub scored: Vec<f64>,
+    pub ends: Vec<f64>,
+}
+
 /// One generation request. Dropping the receiving end of `events` cancels
 /// it: the engine frees its sequence before the next pass.
 #[derive(Debug)]
 pub struct Request {
     pub prompt: Vec<u32>,
     pub params: RequestParams,
+    /// Score this tree after the prompt instead of generating (the prompt's
+    /// KV stays in the prefix cache for the next request).
+    pub score: Option<ScoreTree>,
     /// Who asked (an API key or the `user` field): the queue takes turns
     /// between tenants.
     pub tenant: String,
@@ -57,6 +107,8 @@ pub enum Event {
         id: u32,
         logprobs: Option<TokenLogprobs>,
     },
+    /// The scores of a request's [`ScoreTree`], just before `Finished`.
+    Scores(TreeScores),
     Finished(Finished),
     Error(String),
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use spindle_model::LoadedModel;
 
+#[allow(dead_code)]
 /// A tiny test model of `arch` from spindle-model's fixtures, on 2 threads.
 pub fn tiny(arch: &str) -> LoadedModel {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -11,4 +12,29 @@ pub fn tiny(arch: &str) -> LoadedModel {
         .join(arch)
         .join("model.gguf");
     spindle_model::load(&path, 2).expect("tiny model loads")
+}
+
+/// The real model, or `None` (with a note) when it has not been pulled.
+/// With `SPINDLE_REQUIRE_MODEL=1` (CI) a missing model fails the test.
+#[allow(dead_code)]
+pub fn real_model() -> Option<PathBuf> {
+    let home = std::env::var_os("SPINDLE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle")
+        });
+    let path = home.join("models/gemma-3-270m-q4_k_m.gguf");
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
+        "SPINDLE_REQUIRE_MODEL=1 but {} is missing: run `spindle pull`",
+        path.display()
+    );
+    eprintln!(
+        "skipping: {} not found (run `spindle pull`)",
+        path.display()
+    );
+    None
 }

@@ -1,0 +1,217 @@
+//! Decisions: given a state and typed questions, the probability of every
+//! option of every question from one pass of the model.
+//!
+//! - [`DecisionPlan::new`] tokenizes the state once and, per question, a
+//!   suffix that asks it; each question's options form a token tree under
+//!   its suffix (shared prefixes merged, every option closed by an end
+//!   marker, so an option that is a prefix of another is told apart).
+//! - The engine prefills the state (from the prefix cache as far as it
+//!   holds it) and scores the whole tree in the state's last pass
+//!   ([`crate::scheduler::ScoreTree`]).
+//! - [`DecisionPlan::answers`] sums each option's log-probabilities and
+//!   normalises them per question with log-sum-exp.
+//!
+//! The contract: `selected` is the likeliest option and `confidence` is its
+//! own probability; every option appears in `probabilities`; nothing
+//! non-finite gets out; duplicate, empty or identically tokenising options
+//! are refused by name. A question's tree branch sees only the state and
+//! its own suffix, and rows do not change with what else is in the batch,
+//! so answers do not depend on option order or on the other questions.
+
+mod normalize;
+mod prompt;
+
+use serde::{Deserialize, Serialize};
+use spindle_model::chat_template::ChatMessage;
+
+pub use normalize::normalize;
+pub use prompt::DecisionPlan;
+
+/// The most options a question may have.
+pub const MAX_OPTIONS: usize = 255;
+
+/// What to decide.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DecisionRequest {
+    /// What the decision is about: text, or chat messages.
+    pub state: State,
+    pub questions: Vec<Question>,
+    /// Said before every question (e.g. the policy the answers follow).
+    #[serde(default)]
+    pub instructions: Option<String>,
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum State {
+    Text(String),
+    Messages(Vec<ChatMessage>),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Question {
+    pub id: String,
+    pub kind: Kind,
+    /// The question as asked (default: the id, underscores as spaces).
+    #[serde(default)]
+    pub question: Option<String>,
+    /// Choices (2 to 255) or rubric labels in order; none for `yes_no`.
+    #[serde(default)]
+    pub options: Vec<OptionSpec>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// One of the options.
+    Choice,
+    /// `yes` or `no`.
+    YesNo,
+    /// One of ordered rubric labels (worst first); the answer also gives
+    /// the expected position.
+    Score,
+}
+
+/// An option: a label, optionally with a description shown to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OptionSpec {
+    Label(String),
+    Described {
+        label: String,
+        #[serde(default)]
+        description: Option<String>,
+    },
+}
+
+impl OptionSpec {
+    pub fn label(&self) -> &str {
+        match self {
+            OptionSpec::Label(l) => l,
+            OptionSpec::Described { label, .. } => label,
+        }
+    }
+
+    pub fn description(&self) -> Option<&str> {
+        match self {
+            OptionSpec::Label(_) => None,
+            OptionSpec::Described { description, .. } => description.as_deref(),
+        }
+    }
+}
+
+/// How an option's token log-probabilities make its score.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// The sum, end marker included: the option's probability as text.
+    #[default]
+    Sum,
+    /// The mean per token (end marker included): favours no length.
+    Mean,
+    /// The first token's alone (options must start with distinct tokens).
+    FirstToken,
+}
+
+/// The answer to one question.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Answer {
+    pub id: String,
+    /// The likeliest option.
+    pub selected: String,
+    /// Every option with its probability, in the order asked; they sum to
+    /// 1 within 1e-9.
+    pub probabilities: Vec<(String, f64)>,
+    /// Every option's normalised log-probability.
+    pub logprobs: Vec<(String, f64)>,
+    /// The selected option's own probability.
+    pub confidence: f64,
+    /// For `score` questions: the expected position (0 = first label).
+    pub expected: Option<f64>,
+}
+
+impl Answer {
+    /// The probability of `option`, if it was asked.
+    pub fn probability(&self, option: &str) -> Option<f64> {
+        self.probabilities
+            .iter()
+            .find(|(o, _)| o == option)
+            .map(|(_, p)| *p)
+    }
+}
+
+/// Why a decision cannot be made as asked (HTTP 400).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DecideError {
+    #[error("give at least one question")]
+    NoQuestions,
+    #[error("question {index} has an empty id: give every question an id")]
+    EmptyId { index: usize },
+    #[error("two questions have the id '{0}': ids must be unique")]
+    DuplicateId(String),
+    #[error("question '{id}' has {n} options: a {kind} question takes 2 to {MAX_OPTIONS}")]
+    OptionCount {
+        id: String,
+        kind: &'static str,
+        n: usize,
+    },
+    #[error("question '{0}' is yes_no: it takes no options (they are yes and no)")]
+    YesNoOptions(String),
+    #[error("question '{id}' has an empty option (number {index})")]
+    EmptyOption { id: String, index: usize },
+    #[error("question '{id}' lists the option '{option}' twice")]
+    DuplicateOption { id: String, option: String },
+    #[error("question '{id}': the options '{a}' and '{b}' tokenize identically, so the model cannot tell them apart")]
+    SameTokens { id: String, a: String, b: String },
+    #[error("question '{id}': the options '{a}' and '{b}' start with the same token; mode first_token needs distinct first tokens (use sum or mean)")]
+    SameFirstToken { id: String, a: String, b: String },
+    #[error("the state is empty: give the text or messages the decision is about")]
+    EmptyState,
+    #[error("the decision needs {tokens} tokens (state, questions and options) but the context holds {ctx}")]
+    TooLong { tokens: usize, ctx: usize },
+    #[error("the chat template cannot render the state: {0}")]
+    Template(String),
+    #[error("the tokenizer failed: {0}")]
+    Tokenizer(String),
+    #[error("the model gave question '{0}' a score that is not a finite number")]
+    NotFinite(String),
+}
+
+/// Why running a decision failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Invalid(#[from] DecideError),
+    #[error(transparent)]
+    Submit(#[from] crate::scheduler::SubmitError),
+    #[error("the engine failed: {0}")]
+    Engine(String),
+}
+
+/// Plans `req`, runs it on `engine` (the state's KV stays in the prefix
+/// cache) and waits for the answers. Blocking: not for async contexts.
+pub fn decide(
+    engine: &crate::scheduler::EngineHandle,
+    tokenizer: &spindle_model::tokenizer::Tokenizer,
+    template: &spindle_model::chat_template::ChatTemplate,
+    req: &DecisionRequest,
+) -> Result<Vec<Answer>, RunError> {
+    use crate::scheduler::Event;
+    let plan = DecisionPlan::new(req, tokenizer, template, engine.ctx)?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    engine.submit(plan.request("local", tx))?;
+    let mut scores = None;
+    loop {
+        match rx.blocking_recv() {
+            Some(Event::Scores(s)) => scores = Some(s),
+            Some(Event::Finished(_)) => break,
+            Some(Event::Error(e)) => return Err(RunError::Engine(e)),
+            Some(Event::Token { .. }) => {}
+            None => return Err(RunError::Engine("the engine stopped".into())),
+        }
+    }
+    let scores = scores.ok_or_else(|| RunError::Engine("no scores came back".into()))?;
+    Ok(plan.answers(&scores)?)
+}

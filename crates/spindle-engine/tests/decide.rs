@@ -1,0 +1,292 @@
+//! Decisions on the real default model: options scored as one token tree
+//! in one pass equal each option scored alone by plain scoring, and the
+//! contract holds (probabilities sum to 1, the selected option carries its
+//! own probability, option order and other questions change nothing, bad
+//! options are refused by name).
+
+mod common;
+
+use spindle_engine::decide::{
+    decide, DecideError, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question, RunError,
+    State,
+};
+use spindle_engine::scheduler::{spawn_engine, EngineConfig, EngineHandle};
+use spindle_engine::score::score;
+use spindle_model::chat_template::{ChatMessage, ChatTemplate};
+use spindle_model::tokenizer::Tokenizer;
+use spindle_model::LoadedModel;
+
+const STATE: &str = "Incident report. Since 09:30 UTC the checkout service returns HTTP 500 \
+for every request. Payments fail for all customers in every region. The database shows \
+connection errors. The on-call engineer acknowledged the alert at 09:41.";
+
+struct Setup {
+    engine: EngineHandle,
+    reference: LoadedModel,
+    tok: Tokenizer,
+    template: ChatTemplate,
+}
+
+fn setup() -> Option<Setup> {
+    let path = common::real_model()?;
+    let reference = spindle_model::load(&path, 2).unwrap();
+    let tok = reference.tokenizer.clone().unwrap();
+    let template = ChatTemplate::for_tokenizer(&tok);
+    let model = spindle_model::load(&path, 2).unwrap().model;
+    let kv = model.new_kv_cache(model.default_kv_type(), 1024, 2);
+    let engine = spawn_engine(model, kv, EngineConfig::default());
+    Some(Setup {
+        engine,
+        reference,
+        tok,
+        template,
+    })
+}
+
+fn choice(id: &str, options: &[&str]) -> Question {
+    Question {
+        id: id.into(),
+        kind: Kind::Choice,
+        question: None,
+        options: options
+            .iter()
+            .map(|o| OptionSpec::Label(o.to_string()))
+            .collect(),
+    }
+}
+
+fn questions() -> Vec<Question> {
+    vec![
+        choice("severity", &["critical", "high", "medium", "low"]),
+        Question {
+            id: "customers_affected".into(),
+            kind: Kind::YesNo,
+            question: Some("Are customers affected?".into()),
+            options: vec![],
+        },
+        Question {
+            id: "next_action".into(),
+            kind: Kind::Choice,
+            question: None,
+            options: vec![
+                OptionSpec::Described {
+                    label: "page_team".into(),
+                    description: Some("wake the team that owns checkout".into()),
+                },
+                OptionSpec::Label("page".into()),
+                OptionSpec::Label("gather_evidence".into()),
+                OptionSpec::Label("wait".into()),
+            ],
+        },
+        Question {
+            id: "impact".into(),
+            kind: Kind::Score,
+            question: Some("How large is the impact?".into()),
+            options: ["1", "2", "3", "4", "5"]
+                .iter()
+                .map(|o| OptionSpec::Label(o.to_string()))
+                .collect(),
+        },
+    ]
+}
+
+fn request(state: State, questions: Vec<Question>, mode: Mode) -> DecisionRequest {
+    DecisionRequest {
+        state,
+        questions,
+        instructions: Some("Answer about the incident above.".into()),
+        mode,
+    }
+}
+
+#[test]
+fn one_pass_equals_each_option_scored_alone_and_the_contract_holds() {
+    let Some(s) = setup() else { return };
+    let mut kv = s
+        .reference
+        .model
+        .new_kv_cache(s.reference.model.default_kv_type(), 1024, 1);
+    for mode in [Mode::Sum, Mode::Mean] {
+        let req = request(State::Text(STATE.into()), questions(), mode);
+        let answers = decide(&s.engine, &s.tok, &s.template, &req).unwrap();
+        let plan = DecisionPlan::new(&req, &s.tok, &s.template, 1024).unwrap();
+        for (q, (a, (suffix, options))) in req
+            .questions
+            .iter()
+            .zip(answers.iter().zip(plan.option_sequences()))
+        {
+            assert_eq!(a.id, q.id);
+            // Each option alone: plain scoring of state + suffix + option
+            // + end marker, its option tokens and end marker summed.
+            let raw: Vec<f64> = options
+                .iter()
+                .map(|seq| {
+                    let mut all = plan.prompt.clone();
+                    all.extend(seq);
+                    let lp = score(&s.reference.model, &mut kv, &all, 0).unwrap();
+                    let own = &lp[plan.prompt.len() - 1 + suffix..];
+                    let sum: f64 = own.iter().map(|p| p.logprob).sum();
+                    if mode == Mode::Mean {
+                        sum / own.len() as f64
+                    } else {
+                        sum
+                    }
+                })
+                .collect();
+            let max = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + raw.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+            for (i, (label, lp)) in a.logprobs.iter().enumerate() {
+                assert!(
+                    (lp - (raw[i] - lse)).abs() < 1e-6,
+                    "{mode:?} {}: {label} {lp} against {}",
+                    q.id,
+                    raw[i] - lse
+                );
+            }
+            let sum: f64 = a.probabilities.iter().map(|(_, p)| p).sum();
+            assert!((sum - 1.0).abs() < 1e-9, "{sum}");
+            assert!(a
+                .probabilities
+                .iter()
+                .all(|(_, p)| p.is_finite() && *p >= 0.0));
+            let best = a
+                .probabilities
+                .iter()
+                .max_by(|x, y| x.1.total_cmp(&y.1))
+                .unwrap();
+            assert_eq!(a.selected, best.0);
+            assert_eq!(Some(a.confidence), a.probability(&a.selected));
+            assert_eq!(a.expected.is_some(), q.kind == Kind::Score);
+        }
+    }
+    // The model reads the incident: payments fail for all customers.
+    let req = request(State::Text(STATE.into()), questions(), Mode::Sum);
+    let answers = decide(&s.engine, &s.tok, &s.template, &req).unwrap();
+    assert_eq!(answers[1].selected, "yes", "{:?}", answers[1]);
+}
+
+#[test]
+fn option_order_and_other_questions_change_no_probability() {
+    let Some(s) = setup() else { return };
+    let all = decide(
+        &s.engine,
+        &s.tok,
+        &s.template,
+        &request(State::Text(STATE.into()), questions(), Mode::Sum),
+    )
+    .unwrap();
+    for (i, q) in questions().into_iter().enumerate() {
+        // A scale's order is its meaning; choices may come in any order.
+        let mut q = q;
+        if q.kind == Kind::Choice {
+            q.options.reverse();
+        }
+        let alone = decide(
+            &s.engine,
+            &s.tok,
+            &s.template,
+            &request(State::Text(STATE.into()), vec![q], Mode::Sum),
+        )
+        .unwrap();
+        for (label, p) in &all[i].probabilities {
+            let other = alone[0].probability(label).unwrap();
+            assert!((p - other).abs() < 1e-6, "{label}: {p} against {other}");
+        }
+        assert_eq!(alone[0].selected, all[i].selected);
+    }
+}
+
+#[test]
+fn chat_states_first_token_mode_and_bad_options() {
+    let Some(s) = setup() else { return };
+    let chat = State::Messages(vec![
+        ChatMessage::new("system", "You triage incidents."),
+        ChatMessage::new("user", STATE),
+    ]);
+    let qs = vec![choice("severity", &["critical", "low"])];
+    let a = decide(
+        &s.engine,
+        &s.tok,
+        &s.template,
+        &request(chat.clone(), qs.clone(), Mode::Sum),
+    )
+    .unwrap();
+    let sum: f64 = a[0].probabilities.iter().map(|(_, p)| p).sum();
+    assert!((sum - 1.0).abs() < 1e-9);
+    // Asked again, the state comes from the prefix cache: same answer.
+    let hits = || {
+        s.engine
+            .metrics
+            .prefix_cache_hits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = hits();
+    let b = decide(
+        &s.engine,
+        &s.tok,
+        &s.template,
+        &request(chat, qs, Mode::Sum),
+    )
+    .unwrap();
+    assert!(hits() > before);
+    assert_eq!(a, b);
+
+    let first = decide(
+        &s.engine,
+        &s.tok,
+        &s.template,
+        &request(
+            State::Text(STATE.into()),
+            vec![choice("severity", &["critical", "low"])],
+            Mode::FirstToken,
+        ),
+    )
+    .unwrap();
+    assert!(first[0].logprobs.iter().all(|(_, l)| l.is_finite()));
+
+    let bad = |qs: Vec<Question>, mode: Mode| -> DecideError {
+        match decide(
+            &s.engine,
+            &s.tok,
+            &s.template,
+            &request(State::Text(STATE.into()), qs, mode),
+        ) {
+            Err(RunError::Invalid(e)) => e,
+            other => panic!("accepted: {other:?}"),
+        }
+    };
+    assert_eq!(
+        bad(vec![choice("a", &["x", "y", "x"])], Mode::Sum),
+        DecideError::DuplicateOption {
+            id: "a".into(),
+            option: "x".into()
+        }
+    );
+    assert!(matches!(
+        bad(vec![choice("a", &["x", " "])], Mode::Sum),
+        DecideError::EmptyOption { index: 1, .. }
+    ));
+    assert!(matches!(
+        bad(vec![choice("a", &["x"])], Mode::Sum),
+        DecideError::OptionCount { n: 1, .. }
+    ));
+    assert_eq!(
+        bad(
+            vec![choice("a", &["x", "y"]), choice("a", &["x", "z"])],
+            Mode::Sum
+        ),
+        DecideError::DuplicateId("a".into())
+    );
+    let mut yn = choice("b", &["yes", "no"]);
+    yn.kind = Kind::YesNo;
+    assert_eq!(
+        bad(vec![yn], Mode::Sum),
+        DecideError::YesNoOptions("b".into())
+    );
+    // " page" and " page_team" share their first token.
+    assert!(matches!(
+        bad(vec![choice("c", &["page", "page_team"])], Mode::FirstToken),
+        DecideError::SameFirstToken { .. }
+    ));
+    assert_eq!(bad(vec![], Mode::Sum), DecideError::NoQuestions);
+}

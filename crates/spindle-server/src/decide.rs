@@ -1,0 +1,118 @@
+//! `POST /v1/decide`: the probability of every option of every question
+//! about a state, from one pass (see `spindle_engine::decide`).
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use spindle_engine::decide::{Answer, DecisionPlan, DecisionRequest};
+use spindle_engine::scheduler::Event;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::generation::{new_id, submit_error};
+use crate::routes::{check_model, parse, tenant, Shared};
+
+#[derive(Debug, Deserialize)]
+struct DecideBody {
+    model: String,
+    #[serde(flatten)]
+    request: DecisionRequest,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+pub async fn decide(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let started = Instant::now();
+    let body: DecideBody = parse(&body)?;
+    check_model(&state, &body.model)?;
+    let plan = DecisionPlan::new(
+        &body.request,
+        &state.tokenizer,
+        &state.template,
+        state.engine.ctx,
+    )
+    .map_err(|e| ApiError::invalid("questions", e.to_string()))?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let who = body.user.unwrap_or_else(|| tenant(&headers));
+    state
+        .engine
+        .submit(plan.request(&who, tx))
+        .map_err(submit_error)?;
+    let deadline = tokio::time::Instant::now() + state.request_timeout;
+    let mut scores = None;
+    loop {
+        let event = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the decision took longer than the server's --request-timeout",
+                )
+            })?;
+        match event {
+            Some(Event::Scores(s)) => scores = Some(s),
+            Some(Event::Finished(_)) => break,
+            Some(Event::Error(e)) => {
+                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))
+            }
+            Some(Event::Token { .. }) => {}
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the engine stopped",
+                ))
+            }
+        }
+    }
+    let scores = scores
+        .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no scores came back"))?;
+    let answers = plan
+        .answers(&scores)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let prompt = plan.prompt.len();
+    let tree = plan.tree_rows();
+    Ok(Json(json!({
+        "id": new_id("decide-"),
+        "object": "decision",
+        "model": state.model_name,
+        "questions": answers.iter().map(answer_json).collect::<Vec<_>>(),
+        "usage": {
+            "prompt_tokens": prompt,
+            "question_tokens": tree,
+            "total_tokens": prompt + tree,
+        },
+        "timing_ms": started.elapsed().as_secs_f64() * 1e3,
+    })))
+}
+
+/// One answer as JSON; options keep the order they were asked in.
+pub fn answer_json(a: &Answer) -> Value {
+    let map = |pairs: &[(String, f64)]| -> Value {
+        Value::Object(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect::<Map<String, Value>>(),
+        )
+    };
+    let mut v = json!({
+        "id": a.id,
+        "selected": a.selected,
+        "probabilities": map(&a.probabilities),
+        "logprobs": map(&a.logprobs),
+        "confidence": a.confidence,
+    });
+    if let Some(e) = a.expected {
+        v["expected"] = json!(e);
+    }
+    v
+}
