@@ -41,6 +41,9 @@ enum Command {
     Plan(commands::plan::PlanArgs),
     /// An OpenAI-compatible HTTP server with continuous batching.
     Serve(commands::serve::ServeArgs),
+    /// The probability of every option of typed questions about a state,
+    /// from one pass.
+    Decide(commands::decide::DecideArgs),
 }
 
 /// Dies quietly on a closed stdout (`spindle plan ... | head`), like other
@@ -77,6 +80,7 @@ fn main() {
         Command::Bench(a) => commands::bench::run(a),
         Command::Plan(a) => commands::plan::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Decide(a) => commands::decide::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

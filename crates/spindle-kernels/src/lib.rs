@@ -11,6 +11,7 @@ pub mod norm;
 pub mod quant;
 pub mod rope;
 pub mod simd;
+pub mod softmax;
 pub mod threadpool;
 
 pub use error::KernelError;

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use spindle_engine::decide::{Answer, DecisionPlan, DecisionRequest};
 use spindle_engine::scheduler::Event;
 use tokio::sync::mpsc;
@@ -84,7 +84,7 @@ pub async fn decide(
         "id": new_id("decide-"),
         "object": "decision",
         "model": state.model_name,
-        "questions": answers.iter().map(answer_json).collect::<Vec<_>>(),
+        "questions": answers.iter().map(Answer::to_json).collect::<Vec<_>>(),
         "usage": {
             "prompt_tokens": prompt,
             "question_tokens": tree,
@@ -92,27 +92,4 @@ pub async fn decide(
         },
         "timing_ms": started.elapsed().as_secs_f64() * 1e3,
     })))
-}
-
-/// One answer as JSON; options keep the order they were asked in.
-pub fn answer_json(a: &Answer) -> Value {
-    let map = |pairs: &[(String, f64)]| -> Value {
-        Value::Object(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.clone(), json!(v)))
-                .collect::<Map<String, Value>>(),
-        )
-    };
-    let mut v = json!({
-        "id": a.id,
-        "selected": a.selected,
-        "probabilities": map(&a.probabilities),
-        "logprobs": map(&a.logprobs),
-        "confidence": a.confidence,
-    });
-    if let Some(e) = a.expected {
-        v["expected"] = json!(e);
-    }
-    v
 }

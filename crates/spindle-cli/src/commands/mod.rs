@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod decide;
 pub mod perplexity;
 pub mod plan;
 pub mod pull;

@@ -133,6 +133,32 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// The answer as `/v1/decide` and `spindle decide --json` give it:
+    /// `{"id", "selected", "probabilities": {option: p}, "logprobs":
+    /// {option: lp}, "confidence"}` (and `"expected"` for a score), options
+    /// in the order asked.
+    pub fn to_json(&self) -> serde_json::Value {
+        let map = |pairs: &[(String, f64)]| -> serde_json::Value {
+            serde_json::Value::Object(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+                    .collect(),
+            )
+        };
+        let mut v = serde_json::json!({
+            "id": self.id,
+            "selected": self.selected,
+            "probabilities": map(&self.probabilities),
+            "logprobs": map(&self.logprobs),
+            "confidence": self.confidence,
+        });
+        if let Some(e) = self.expected {
+            v["expected"] = serde_json::json!(e);
+        }
+        v
+    }
+
     /// The probability of `option`, if it was asked.
     pub fn probability(&self, option: &str) -> Option<f64> {
         self.probabilities

@@ -249,7 +249,11 @@ impl DecisionPlan {
     }
 }
 
-/// The text that asks `q`, ending where the answer starts.
+/// The text that asks `q`, ending where the answer starts. Short, since
+/// every token of it is a row of the decision's pass: options are scored
+/// as continuations of "Answer:" and listed only when they carry
+/// descriptions (sorted for choices, so the order they were given in
+/// changes nothing; a scale in its own order).
 fn question_text(instructions: Option<&str>, q: &Question) -> String {
     let mut s = String::new();
     if let Some(i) = instructions.filter(|i| !i.trim().is_empty()) {
@@ -257,31 +261,27 @@ fn question_text(instructions: Option<&str>, q: &Question) -> String {
         s.push('\n');
     }
     let asked = q.question.clone().unwrap_or_else(|| q.id.replace('_', " "));
-    s.push_str(&format!("Question: {}\n", asked.trim()));
-    let mut options = String::new();
-    match q.kind {
-        Kind::YesNo => options.push_str("Answer yes or no.\n"),
-        Kind::Choice | Kind::Score => {
-            options.push_str(if q.kind == Kind::Score {
-                "Rate on this scale, from lowest to highest:\n"
-            } else {
-                "Options:\n"
-            });
-            // Choices are listed sorted, so the order they were given in
-            // changes nothing; a scale is listed in its own order.
-            let mut listed: Vec<&OptionSpec> = q.options.iter().collect();
-            if q.kind == Kind::Choice {
-                listed.sort_by(|a, b| a.label().cmp(b.label()));
-            }
-            for o in listed {
-                match o.description() {
-                    Some(d) => options.push_str(&format!("- {}: {}\n", o.label(), d.trim())),
-                    None => options.push_str(&format!("- {}\n", o.label())),
-                }
+    let hint = if q.kind == Kind::YesNo {
+        " (yes or no)"
+    } else {
+        ""
+    };
+    s.push_str(&format!("Question: {}{hint}\n", asked.trim()));
+    let mut listed: Vec<&OptionSpec> = q.options.iter().collect();
+    if q.kind == Kind::Choice {
+        listed.sort_by(|a, b| a.label().cmp(b.label()));
+    }
+    if listed.iter().any(|o| o.description().is_some()) {
+        for o in listed {
+            match o.description() {
+                Some(d) => s.push_str(&format!("- {}: {}\n", o.label(), d.trim())),
+                None => s.push_str(&format!("- {}\n", o.label())),
             }
         }
+    } else if q.kind == Kind::Score {
+        let labels: Vec<&str> = listed.iter().map(|o| o.label()).collect();
+        s.push_str(&format!("Scale: {}\n", labels.join(", ")));
     }
-    s.push_str(&options);
     s.push_str("Answer:");
     s
 }

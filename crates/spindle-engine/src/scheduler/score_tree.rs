@@ -5,6 +5,7 @@
 
 use std::ops::Range;
 
+use spindle_kernels::softmax::log_sum_exp;
 use spindle_model::{Batch, Model, Row, SeqId};
 
 use super::request::{ScoreTree, TreeScores};
@@ -84,31 +85,64 @@ pub(crate) fn read_scores(
     tree: &ScoreTree,
     placed: &PlacedTree,
 ) -> Result<TreeScores, EngineError> {
+    // (`compute` is the one call that may fail.)
     logits.compute(model, &placed.logits_rows)?;
-    let mut logprob = |row: usize, token: u32| -> Result<f64, EngineError> {
-        let l = logits.row(model, row, Vec::new)?;
-        Ok(log_prob_of(l, token))
+    // Each row's normaliser once, rows split over the cores: a row is a
+    // sum over the whole vocabulary.
+    let rows: Vec<&[f32]> = placed
+        .logits_rows
+        .iter()
+        .map(|&r| logits.get(r).expect("computed above"))
+        .collect();
+    let lse = log_sum_exps(&rows);
+    let at = |row: usize| {
+        placed
+            .logits_rows
+            .iter()
+            .position(|&r| r == row)
+            .expect("every read row asked for logits")
     };
-    let mut scored = Vec::with_capacity(tree.scored.len());
-    for &n in &tree.scored {
-        let (token, parent) = tree.nodes[n];
-        scored.push(logprob(placed.row_of(parent), token)?);
-    }
-    let mut ends = Vec::with_capacity(tree.ends.len());
-    for &(n, token) in &tree.ends {
-        ends.push(logprob(placed.row_of(Some(n)), token)?);
-    }
+    let logprob = |row: usize, token: u32| {
+        let i = at(row);
+        rows[i]
+            .get(token as usize)
+            .map_or(f64::NEG_INFINITY, |&l| l as f64 - lse[i])
+    };
+    let scored = tree
+        .scored
+        .iter()
+        .map(|&n| {
+            let (token, parent) = tree.nodes[n];
+            logprob(placed.row_of(parent), token)
+        })
+        .collect();
+    let ends = tree
+        .ends
+        .iter()
+        .map(|&(n, token)| logprob(placed.row_of(Some(n)), token))
+        .collect();
     Ok(TreeScores { scored, ends })
 }
 
-/// `log softmax(logits)[token]` in f64 (as [`crate::score::log_softmax`]
-/// computes it, for one entry).
-fn log_prob_of(logits: &[f32], token: u32) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
-    logits
-        .get(token as usize)
-        .map_or(f64::NEG_INFINITY, |&l| l as f64 - max - z.ln())
+/// `ln sum exp(row)` of each row (within 3e-7, see
+/// [`spindle_kernels::softmax::log_sum_exp`]), rows shared between the
+/// available cores.
+fn log_sum_exps(rows: &[&[f32]]) -> Vec<f64> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if rows.len() < 2 || threads < 2 {
+        return rows.iter().map(|r| log_sum_exp(r)).collect();
+    }
+    let per = rows.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = rows
+            .chunks(per)
+            .map(|c| s.spawn(move || c.iter().map(|r| log_sum_exp(r)).collect::<Vec<f64>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().expect("a sum does not panic"))
+            .collect()
+    })
 }
 
 #[cfg(test)]
@@ -117,11 +151,15 @@ mod tests {
     use crate::score::log_softmax;
 
     #[test]
-    fn one_entry_of_the_log_softmax() {
-        let l = [0.5f32, -2.0, 3.25, 1.0];
-        let all = log_softmax(&l);
-        for t in 0..4 {
-            assert_eq!(log_prob_of(&l, t), all[t as usize]);
+    fn normalisers_match_the_log_softmax() {
+        let a = [0.5f32, -2.0, 3.25, 1.0];
+        let b = [10.0f32, -30.0, 0.0];
+        let lse = log_sum_exps(&[&a, &b, &a]);
+        for (row, l) in [&a[..], &b[..], &a[..]].iter().zip(&lse) {
+            let all = log_softmax(row);
+            for (x, lp) in row.iter().zip(&all) {
+                assert!((*x as f64 - l - lp).abs() < 1e-6);
+            }
         }
     }
 

@@ -45,6 +45,11 @@ impl LazyLogits {
         Ok(())
     }
 
+    /// Logits of batch row `row` if they are computed.
+    pub fn get(&self, row: usize) -> Option<&[f32]> {
+        self.computed[self.find(row)?].row(row)
+    }
+
     /// Logits of batch row `row`; if they are not computed yet, the head
     /// runs over `more()` (which should include `row`) and `row`.
     pub fn row(

@@ -1,0 +1,47 @@
+"""Shared by the benchmark scripts under bench/: the machine's CPU name, a
+server process on a port, percentiles."""
+
+import http.client
+import platform
+import subprocess
+import time
+
+
+def cpu_name():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+class Server:
+    """A server process on a free port; `cmd` gets the port appended."""
+
+    def __init__(self, cmd, port, ready_path):
+        self.port = port
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c.request("GET", ready_path)
+                if c.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{cmd[0]} did not start")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
