@@ -15,9 +15,10 @@ pub fn normalize(
     if scores.is_empty() || scores.iter().any(|s| !s.is_finite()) {
         return Err(DecideError::NotFinite(id.to_string()));
     }
+    // Relative to the best score first, so large scores lose no digits.
     let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let lse = max + scores.iter().map(|s| (s - max).exp()).sum::<f64>().ln();
-    let logprobs: Vec<f64> = scores.iter().map(|s| s - lse).collect();
+    let ln_z = scores.iter().map(|s| (s - max).exp()).sum::<f64>().ln();
+    let logprobs: Vec<f64> = scores.iter().map(|s| (s - max) - ln_z).collect();
     let probs: Vec<f64> = logprobs.iter().map(|l| l.exp()).collect();
     let best = (0..labels.len())
         .max_by(|&a, &b| {
