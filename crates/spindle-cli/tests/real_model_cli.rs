@@ -206,3 +206,62 @@ fn speculative_run_equals_plain_run() {
         assert!(s["accepted"].as_u64().unwrap() <= s["drafted"].as_u64().unwrap());
     }
 }
+
+/// `spindle decide`: flags and a request file give the same JSON answers
+/// as `/v1/decide`; a bad request fails with the reason.
+#[test]
+fn decide_flags_and_request_files_agree() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let state = "Every checkout request fails with HTTP 500 since 09:30.";
+    let flags = spindle(&[
+        "decide",
+        "-m",
+        m,
+        "-t",
+        "2",
+        "--state",
+        state,
+        "--choice",
+        "severity=critical,high,low",
+        "--yes-no",
+        "customers_affected",
+        "--json",
+    ]);
+    let a: serde_json::Value = serde_json::from_slice(&flags.stdout).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("req.json");
+    let req = serde_json::json!({
+        "state": state,
+        "questions": [
+            {"id": "severity", "kind": "choice", "options": ["critical", "high", "low"]},
+            {"id": "customers_affected", "kind": "yes_no"}
+        ]
+    });
+    std::fs::write(&file, req.to_string()).unwrap();
+    let from_file = spindle(&[
+        "decide",
+        "-m",
+        m,
+        "-t",
+        "2",
+        "-f",
+        file.to_str().unwrap(),
+        "--json",
+    ]);
+    let b: serde_json::Value = serde_json::from_slice(&from_file.stdout).unwrap();
+    assert_eq!(a["questions"], b["questions"]);
+    for q in a["questions"].as_array().unwrap() {
+        let probs = q["probabilities"].as_object().unwrap();
+        let sum: f64 = probs.values().map(|p| p.as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-9);
+        let selected = q["selected"].as_str().unwrap();
+        assert_eq!(q["confidence"], probs[selected]);
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["decide", "-m", m, "--state", state, "--choice", "a=x,y,x"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("lists the option 'x' twice"));
+}

@@ -427,13 +427,56 @@ def _():
     assert request("POST", IMPATIENT, "/completions", body, {"Content-Type": "application/json"}).status_code == 200
 
 
+@check("/v1/decide: every option with its probability, the selected one with its own; errors name the problem")
+def _():
+    body = {"model": MODEL, "state": "The deploy failed and every request returns HTTP 500.",
+            "questions": [{"id": "severity", "kind": "choice", "options": ["critical", "low", "medium"]},
+                          {"id": "customers_affected", "kind": "yes_no"},
+                          {"id": "impact", "kind": "score", "options": ["1", "2", "3"]}]}
+    r = raw("/v1/decide", json.dumps(body).encode())
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [q["id"] for q in out["questions"]] == ["severity", "customers_affected", "impact"]
+    for q in out["questions"]:
+        probs = q["probabilities"]
+        assert abs(sum(probs.values()) - 1.0) < 1e-9, probs
+        assert q["selected"] in probs and q["confidence"] == probs[q["selected"]]
+        assert q["selected"] == max(probs, key=probs.get)
+        assert set(q["logprobs"]) == set(probs)
+    assert list(out["questions"][0]["probabilities"]) == ["critical", "low", "medium"], "options keep their order"
+    assert 0 <= out["questions"][2]["expected"] <= 2
+    assert out["usage"]["prompt_tokens"] > 5 and out["timing_ms"] > 0
+    # Reversed options: the same probabilities.
+    body2 = json.loads(json.dumps(body))
+    body2["questions"][0]["options"].reverse()
+    again = raw("/v1/decide", json.dumps(body2).encode()).json()["questions"][0]["probabilities"]
+    for k, v in out["questions"][0]["probabilities"].items():
+        assert abs(again[k] - v) < 1e-6, (k, v, again[k])
+    for bad, needle in [
+        ({"options": ["a", "b", "a"]}, "'a' twice"),
+        ({"options": ["a", ""]}, "empty option"),
+        ({"options": ["a"]}, "1 options"),
+        ({"kind": "yes_no", "options": ["a", "b"]}, "takes no options"),
+    ]:
+        q = {"id": "q", "kind": "choice", **bad}
+        r = raw("/v1/decide", json.dumps({"model": MODEL, "state": "x y z", "questions": [q]}).encode())
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], (bad, r.status_code, r.text)
+    r = raw("/v1/decide", json.dumps({**body, "model": "nope"}).encode())
+    assert r.status_code == 404, r.text
+    r = raw("/v1/decide", b'{"model": "%s", "state": 5}' % MODEL.encode())
+    assert r.status_code == 400, r.text
+
+
 @check("fuzzed bodies never crash the server")
 def _():
     rng = random.Random(1)
-    values = [None, True, -1, 0, 1, 2**40, -2.5, 1e308, "", "x" * 300, [], [1, "a"], {}, {"a": []}, [-1], [2**33]]
+    values = [None, True, -1, 0, 1, 2**40, -2.5, 1e308, "", "x" * 300, [], [1, "a"], {}, {"a": []}, [-1], [2**33],
+              [{"id": "a", "kind": "choice", "options": ["x", "y"]}], [{"id": "", "kind": "score"}],
+              [{"role": "user", "content": "hi"}], "first_token", "mean"]
     fields = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
               "seed", "logprobs", "top_logprobs", "logit_bias", "stream", "stream_options", "min_p",
-              "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "tokens", "user"]
+              "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "tokens", "user",
+              "state", "questions", "mode", "instructions"]
     for i in range(300):
         if i % 5 == 0:
             body = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
@@ -442,7 +485,7 @@ def _():
             for _ in range(rng.randrange(1, 5)):
                 obj[rng.choice(fields)] = rng.choice(values)
             body = json.dumps(obj).encode()
-        path = rng.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+        path = rng.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/decide"])
         r = raw(path, body)
         assert r.status_code < 500, (path, body, r.status_code, r.text)
     assert request("GET", ROOT, "/health").status_code == 200

@@ -30,6 +30,10 @@ pub use prompt::DecisionPlan;
 /// The most options a question may have.
 pub const MAX_OPTIONS: usize = 255;
 
+/// The most question and option tokens one decision may add to its pass
+/// (each option token reads a row of logits: 1 MiB for a 262k vocabulary).
+pub const MAX_TREE_TOKENS: usize = 1024;
+
 /// What to decide.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DecisionRequest {
@@ -197,6 +201,8 @@ pub enum DecideError {
     EmptyState,
     #[error("the decision needs {tokens} tokens (state, questions and options) but the context holds {ctx}")]
     TooLong { tokens: usize, ctx: usize },
+    #[error("the questions and options come to {0} tokens, more than the {MAX_TREE_TOKENS} one decision may have: ask fewer or shorter ones per request")]
+    TooManyTokens(usize),
     #[error("the chat template cannot render the state: {0}")]
     Template(String),
     #[error("the tokenizer failed: {0}")]

@@ -9,6 +9,7 @@ use spindle_model::tokenizer::Tokenizer;
 use super::normalize::normalize;
 use super::{
     Answer, DecideError, DecisionRequest, Kind, Mode, OptionSpec, Question, State, MAX_OPTIONS,
+    MAX_TREE_TOKENS,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -152,6 +153,9 @@ impl DecisionPlan {
                 suffix: suffix.len(),
                 options,
             });
+        }
+        if tree.nodes.len() > MAX_TREE_TOKENS {
+            return Err(DecideError::TooManyTokens(tree.nodes.len()));
         }
         let tokens = prompt.len() + deepest;
         if tokens > ctx {
