@@ -418,6 +418,15 @@ impl EngineLoop {
         None
     }
 
+    /// Running sequences in the order prompt chunks get the token budget:
+    /// earliest admitted first, so a prompt cannot be overtaken for ever
+    /// by newer ones.
+    fn prefill_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| self.running[i].admitted);
+        order
+    }
+
     /// What each running sequence may commit in the next pass: its pending
     /// token and, `with_trees`, the deepest accepted path of its tree; the
     /// prompt chunks the token budget leaves room for.
@@ -432,7 +441,8 @@ impl EngineLoop {
             commits.push((r.seq, 1 + tree));
             budget = budget.saturating_sub(1);
         }
-        for r in &self.running {
+        for &i in &self.prefill_order() {
+            let r = &self.running[i];
             let left = r.prefill_to - r.fed;
             if left > 0 && budget > 0 {
                 let take = left.min(budget);
@@ -534,7 +544,8 @@ impl EngineLoop {
             });
         }
         let mut budget = self.config.max_batch_tokens.saturating_sub(batch.len());
-        for (i, r) in self.running.iter().enumerate() {
+        for i in self.prefill_order() {
+            let r = &self.running[i];
             let left = r.prefill_to - r.fed;
             if left == 0 || budget == 0 {
                 continue;
