@@ -226,13 +226,16 @@ fn a_dropped_request_frees_its_slot_and_errors_are_reported() {
 /// tenant 1: how many of the big tenant's requests had not started when the
 /// small one finished.
 fn big_ones_behind_small(fair: bool) -> usize {
+    // The first request must still run while the test queues the others:
+    // 90 one-token passes (no speculation, which could finish it in a few).
     let config = EngineConfig {
         max_waiting: 6,
         fair,
+        spec_budget: None,
         ..EngineConfig::default()
     };
     let e = engine("gemma3", 1, config);
-    let mut first = submit(&e, 0, 30, "big");
+    let mut first = submit(&e, 0, 90, "big");
     assert!(matches!(first.blocking_recv(), Some(Event::Token { .. })));
     let mut big: Vec<_> = (1..6).map(|i| submit(&e, i, 3, "big")).collect();
     let mut small = submit(&e, 9, 3, "small");
