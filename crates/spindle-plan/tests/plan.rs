@@ -292,7 +292,7 @@ fn json_has_the_promised_shape() {
     assert!(v["decode_tokens_per_s"]["batch_b"].is_f64());
     assert!(v["prefill_tokens_per_s"].is_number());
     let cross = v["kv_crossover_ctx"].as_object().unwrap();
-    assert_eq!(cross.keys().collect::<Vec<_>>(), ["1", "32", "8"]);
+    assert_eq!(cross.keys().collect::<Vec<_>>(), ["1", "8", "32"]);
     // Every layer slides, and q8_0 windows are small: even 32 sequences hold
     // at most 32 * 69632 * 4096 = 9.1e9 bytes of KV, under the 14.5e9 of
     // weights, so no batch ever crosses: null.
