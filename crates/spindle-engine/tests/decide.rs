@@ -176,11 +176,10 @@ fn option_order_and_other_questions_change_no_probability() {
     )
     .unwrap();
     for (i, q) in questions().into_iter().enumerate() {
-        // A scale's order is its meaning; choices may come in any order.
+        // Options in another order (a scale's too: only its `expected`
+        // reads the order).
         let mut q = q;
-        if q.kind == Kind::Choice {
-            q.options.reverse();
-        }
+        q.options.reverse();
         let alone = decide(
             &s.engine,
             &s.tok,
@@ -193,6 +192,13 @@ fn option_order_and_other_questions_change_no_probability() {
             assert!((p - other).abs() < 1e-6, "{label}: {p} against {other}");
         }
         assert_eq!(alone[0].selected, all[i].selected);
+        if let (Some(a), Some(b)) = (all[i].expected, alone[0].expected) {
+            let n = all[i].probabilities.len() as f64;
+            assert!(
+                (a - (n - 1.0 - b)).abs() < 1e-6,
+                "a reversed scale mirrors `expected`"
+            );
+        }
     }
 }
 

@@ -61,7 +61,7 @@ pub struct Question {
     /// The question as asked (default: the id, underscores as spaces).
     #[serde(default)]
     pub question: Option<String>,
-    /// Choices (2 to 255) or rubric labels in order; none for `yes_no`.
+    /// Choices, or rubric labels lowest first (2 to 255); none for `yes_no`.
     #[serde(default)]
     pub options: Vec<OptionSpec>,
 }
@@ -73,8 +73,8 @@ pub enum Kind {
     Choice,
     /// `yes` or `no`.
     YesNo,
-    /// One of ordered rubric labels (worst first); the answer also gives
-    /// the expected position.
+    /// One of rubric labels given lowest first; the answer also gives the
+    /// expected position in that order.
     Score,
 }
 

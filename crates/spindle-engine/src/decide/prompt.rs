@@ -256,8 +256,7 @@ impl DecisionPlan {
 /// The text that asks `q`, ending where the answer starts. Short, since
 /// every token of it is a row of the decision's pass: options are scored
 /// as continuations of "Answer:" and listed only when they carry
-/// descriptions (sorted for choices, so the order they were given in
-/// changes nothing; a scale in its own order).
+/// descriptions, sorted, so the order they were given in changes nothing.
 fn question_text(instructions: Option<&str>, q: &Question) -> String {
     let mut s = String::new();
     if let Some(i) = instructions.filter(|i| !i.trim().is_empty()) {
@@ -272,9 +271,7 @@ fn question_text(instructions: Option<&str>, q: &Question) -> String {
     };
     s.push_str(&format!("Question: {}{hint}\n", asked.trim()));
     let mut listed: Vec<&OptionSpec> = q.options.iter().collect();
-    if q.kind == Kind::Choice {
-        listed.sort_by(|a, b| a.label().cmp(b.label()));
-    }
+    listed.sort_by(|a, b| a.label().cmp(b.label()));
     if listed.iter().any(|o| o.description().is_some()) {
         for o in listed {
             match o.description() {
@@ -282,9 +279,6 @@ fn question_text(instructions: Option<&str>, q: &Question) -> String {
                 None => s.push_str(&format!("- {}\n", o.label())),
             }
         }
-    } else if q.kind == Kind::Score {
-        let labels: Vec<&str> = listed.iter().map(|o| o.label()).collect();
-        s.push_str(&format!("Scale: {}\n", labels.join(", ")));
     }
     s.push_str("Answer:");
     s
