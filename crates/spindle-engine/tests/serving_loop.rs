@@ -98,6 +98,29 @@ fn collect(rx: &mut UnboundedReceiver<Event>) -> (Vec<u32>, FinishReason) {
     collect_after(rx, 0)
 }
 
+/// Submits request `i` for `lens[i]` tokens each at once (from `tenants`
+/// tenants in turn) and checks that each gets what it gets alone.
+fn expect_solo_tokens(
+    e: &EngineHandle,
+    m: &LoadedModel,
+    lens: &[usize],
+    tenants: u64,
+    context: &str,
+) {
+    let mut rxs: Vec<_> = (0..lens.len() as u64)
+        .map(|i| submit(e, i, lens[i as usize], &format!("t{}", i % tenants)))
+        .collect();
+    for (i, rx) in rxs.iter_mut().enumerate() {
+        let (tokens, reason) = collect(rx);
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(
+            tokens,
+            alone(m, i as u64, lens[i]),
+            "{context}, request {i}"
+        );
+    }
+}
+
 #[test]
 fn concurrent_requests_get_their_solo_tokens() {
     for arch in ["gemma3", "qwen2", "llama"] {
@@ -116,18 +139,8 @@ fn concurrent_requests_get_their_solo_tokens() {
             // slots (and their cached prefixes) of finished ones.
             let e = engine(arch, 4, config);
             let lens: Vec<usize> = (0..12).map(|i| 5 + (i * 7) % 30).collect();
-            let mut rxs: Vec<_> = (0..12u64)
-                .map(|i| submit(&e, i, lens[i as usize], &format!("t{}", i % 3)))
-                .collect();
-            for (i, rx) in rxs.iter_mut().enumerate() {
-                let (tokens, reason) = collect(rx);
-                assert_eq!(reason, FinishReason::Length);
-                assert_eq!(
-                    tokens,
-                    alone(&m, i as u64, lens[i]),
-                    "{arch}, spec {spec:?} fixed {fixed}, request {i}"
-                );
-            }
+            let context = format!("{arch}, spec {spec:?} fixed {fixed}");
+            expect_solo_tokens(&e, &m, &lens, 3, &context);
             let metrics = &e.metrics;
             let hits = metrics
                 .prefix_cache_hits
@@ -172,18 +185,7 @@ fn preempted_requests_are_recomputed_to_their_solo_tokens() {
             let m2 = tiny(arch);
             let e = spawn_engine(m2.model, kv, config);
             let lens: Vec<usize> = (0..8).map(|i| 20 + (i * 5) % 20).collect();
-            let mut rxs: Vec<_> = (0..8u64)
-                .map(|i| submit(&e, i, lens[i as usize], "t"))
-                .collect();
-            for (i, rx) in rxs.iter_mut().enumerate() {
-                let (tokens, reason) = collect(rx);
-                assert_eq!(reason, FinishReason::Length);
-                assert_eq!(
-                    tokens,
-                    alone(&m, i as u64, lens[i]),
-                    "{arch}, spec {spec:?}, request {i}"
-                );
-            }
+            expect_solo_tokens(&e, &m, &lens, 1, &format!("{arch}, spec {spec:?}"));
             let preemptions = e.metrics.preemptions.load(Relaxed);
             assert!(preemptions > 0, "{arch}: nothing was preempted");
             let t = std::time::Instant::now();
