@@ -495,8 +495,9 @@ impl EngineLoop {
         let m = &self.metrics;
         m.requests_running
             .store(self.running.len() as u64, Ordering::Relaxed);
-        m.requests_waiting
-            .store(self.queued.load(Ordering::SeqCst) as u64, Ordering::Relaxed);
+        // Preempted requests wait too (to be recomputed), as in vLLM.
+        let waiting = self.queued.load(Ordering::SeqCst) + self.preempted.len();
+        m.requests_waiting.store(waiting as u64, Ordering::Relaxed);
         m.kv_used
             .store(self.kv.bytes_used() as u64, Ordering::Relaxed);
     }
