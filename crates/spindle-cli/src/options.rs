@@ -147,7 +147,7 @@ impl ModelArgs {
     }
 
     /// The KV type the planner plans with.
-    fn plan_kv_type(&self) -> Result<PlanKv> {
+    pub fn plan_kv_type(&self) -> Result<PlanKv> {
         Ok(PlanKv::parse(self.kv_type.as_deref().unwrap_or("f16"))?)
     }
 

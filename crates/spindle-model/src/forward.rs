@@ -2,9 +2,8 @@
 
 use std::ops::Range;
 
-use half::f16;
 use spindle_kernels::activation::{gated, soft_cap};
-use spindle_kernels::attention::{attend_group, GroupQuery, KvElem, KvRows};
+use spindle_kernels::attention::{attend_group, GroupQuery, KvRows};
 use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
 use spindle_kernels::rope::RopeTable;
 use spindle_kernels::simd::{detected_isa, Isa};
@@ -595,19 +594,8 @@ impl Model {
                     range.start + off..range.start + off + n,
                     &mut dst[done..done + n],
                 );
-                match buf {
-                    KvBuf::F32(s) => d.copy_from_slice(&s[src]),
-                    KvBuf::F16(s) => f16::load(&s[src], d),
-                    // Whole blocks: ranges and chunks are multiples of 32.
-                    KvBuf::Q8_0(s) => {
-                        for (b, o) in s[src.start / 32..src.end / 32]
-                            .iter()
-                            .zip(d.chunks_exact_mut(32))
-                        {
-                            b.dequantize(o);
-                        }
-                    }
-                }
+                // Q8_0 in whole blocks: ranges and chunks are multiples of 32.
+                buf.read_into(src, d);
                 done += n;
                 r += 1;
             }

@@ -405,28 +405,20 @@ impl ModelShape {
     /// alone do not fit.
     pub fn kv_pool_tokens(&self, budget: u64, max_seqs: u64, ctx: u64, kv: KvType) -> Option<u64> {
         let row = 2u64.saturating_mul(kv.row_bytes(self.kv_dim()));
-        let sliding: u64 = (0..self.n_layers as usize)
-            .filter(|&l| self.layer_sliding[l] && self.sliding_window.is_some())
-            .map(|l| self.layer_pool_tokens(l, ctx))
+        let slides = |l: usize| self.layer_sliding[l] && self.sliding_window.is_some();
+        let (sliding, global): (Vec<usize>, Vec<usize>) =
+            (0..self.n_layers as usize).partition(|&l| slides(l));
+        let windows: u64 = sliding
+            .iter()
+            .map(|&l| self.layer_pool_tokens(l, ctx))
             .fold(0u64, u64::saturating_add);
-        let windows = sliding.saturating_mul(row).saturating_mul(max_seqs);
-        let left = budget.checked_sub(windows)?;
-        let global = self.n_layers - self.sliding_layers_in_effect();
-        if global == 0 {
+        let left = budget.checked_sub(windows.saturating_mul(row).saturating_mul(max_seqs))?;
+        if global.is_empty() {
             return Some(ctx);
         }
-        let tokens = left / row.saturating_mul(global) / KV_BLOCK * KV_BLOCK;
+        let tokens = left / row.saturating_mul(global.len() as u64) / KV_BLOCK * KV_BLOCK;
         let most = ctx.div_ceil(KV_BLOCK) * KV_BLOCK * max_seqs;
         Some(tokens.min(most))
-    }
-
-    /// Layers that keep only a window (sliding, with a window set).
-    fn sliding_layers_in_effect(&self) -> u64 {
-        if self.sliding_window.is_some() {
-            self.sliding_layers()
-        } else {
-            0
-        }
     }
 
     /// The longest context (up to the model's) whose KV cache for `batch`

@@ -130,6 +130,17 @@ pub enum Source {
     Live(Box<Live>),
 }
 
+/// Where `spindle pull` puts the default model (`$SPINDLE_HOME`, else
+/// `~/.cache/spindle`).
+pub fn default_model() -> PathBuf {
+    let home = std::env::var_os("SPINDLE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle")
+        });
+    home.join("models/gemma-3-270m-q4_k_m.gguf")
+}
+
 /// A loaded model behind Spindle's engine.
 pub struct Live {
     engine: spindle_engine::scheduler::EngineHandle,

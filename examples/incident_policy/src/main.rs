@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use incident_policy::{gate, incidents, DecisionJson, Live, Outcome, Source};
+use incident_policy::{default_model, gate, incidents, DecisionJson, Live, Outcome, Source};
 
 fn main() -> Result<()> {
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
@@ -47,13 +47,4 @@ fn main() -> Result<()> {
         println!("{}: {}\n  -> {outcome}", incident.name, summary.join(", "));
     }
     Ok(())
-}
-
-fn default_model() -> PathBuf {
-    let home = std::env::var_os("SPINDLE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle")
-        });
-    home.join("models/gemma-3-270m-q4_k_m.gguf")
 }

@@ -125,13 +125,7 @@ fn tempfile_dir() -> std::path::PathBuf {
 /// real default model equal the fixtures within 1e-6.
 #[test]
 fn the_fixtures_are_the_real_models_answers() {
-    let home = std::env::var_os("SPINDLE_HOME")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/spindle")
-        });
-    let model = home.join("models/gemma-3-270m-q4_k_m.gguf");
+    let model = incident_policy::default_model();
     if !model.exists() {
         assert!(
             std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),

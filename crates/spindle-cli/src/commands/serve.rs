@@ -79,7 +79,7 @@ fn kv_pool(args: &ServeArgs, path: &Path) -> Result<(usize, Option<usize>)> {
         )?;
         return Ok((ctx, None));
     };
-    let kv = spindle_plan::KvType::parse(args.model.kv_type.as_deref().unwrap_or("f16"))?;
+    let kv = args.model.plan_kv_type()?;
     let wanted = args.model.ctx.unwrap_or(model_ctx) as u64;
     let tokens = shape
         .kv_pool_tokens(budget, args.max_seqs as u64, wanted, kv)

@@ -418,13 +418,22 @@ impl EngineLoop {
         None
     }
 
-    /// Running sequences in the order prompt chunks get the token budget:
-    /// earliest admitted first, so a prompt cannot be overtaken for ever
-    /// by newer ones.
-    fn prefill_order(&self) -> Vec<usize> {
+    /// The prompt chunks that fit in `budget` rows: `(running index,
+    /// tokens)`, earliest admitted first, so a prompt cannot be overtaken
+    /// for ever by newer ones.
+    fn prefill_chunks(&self, mut budget: usize) -> Vec<(usize, usize)> {
         let mut order: Vec<usize> = (0..self.running.len()).collect();
         order.sort_by_key(|&i| self.running[i].admitted);
-        order
+        let mut chunks = Vec::new();
+        for i in order {
+            let r = &self.running[i];
+            let take = (r.prefill_to - r.fed).min(budget);
+            if take > 0 {
+                budget -= take;
+                chunks.push((i, take));
+            }
+        }
+        chunks
     }
 
     /// What each running sequence may commit in the next pass: its pending
@@ -436,19 +445,12 @@ impl EngineLoop {
             _ => 0,
         };
         let mut commits = Vec::new();
-        let mut budget = self.config.max_batch_tokens;
         for r in self.running.iter().filter(|r| r.pending.is_some()) {
             commits.push((r.seq, 1 + tree));
-            budget = budget.saturating_sub(1);
         }
-        for &i in &self.prefill_order() {
-            let r = &self.running[i];
-            let left = r.prefill_to - r.fed;
-            if left > 0 && budget > 0 {
-                let take = left.min(budget);
-                budget -= take;
-                commits.push((r.seq, take));
-            }
+        let budget = self.config.max_batch_tokens.saturating_sub(commits.len());
+        for (i, take) in self.prefill_chunks(budget) {
+            commits.push((self.running[i].seq, take));
         }
         commits
     }
@@ -544,15 +546,9 @@ impl EngineLoop {
                 score: None,
             });
         }
-        let mut budget = self.config.max_batch_tokens.saturating_sub(batch.len());
-        for i in self.prefill_order() {
+        let budget = self.config.max_batch_tokens.saturating_sub(batch.len());
+        for (i, take) in self.prefill_chunks(budget) {
             let r = &self.running[i];
-            let left = r.prefill_to - r.fed;
-            if left == 0 || budget == 0 {
-                continue;
-            }
-            let take = left.min(budget);
-            budget -= take;
             let last = r.fed + take == r.prefill_to;
             let score_tree = r.req.score.as_ref().filter(|_| last);
             let rows = batch.push_chain(r.seq, r.fed, &r.history[r.fed..r.fed + take], |j| {

@@ -378,8 +378,11 @@ impl KvCache {
         let (mut k, mut v) = (Vec::new(), Vec::new());
         let stored = &self.layers[l];
         for r in self.layer_ranges(seq, l, from, len) {
-            k.extend(stored.k.to_f32(r.clone()));
-            v.extend(stored.v.to_f32(r));
+            let at = k.len();
+            k.resize(at + r.len(), 0.0);
+            v.resize(at + r.len(), 0.0);
+            stored.k.read_into(r.clone(), &mut k[at..]);
+            stored.v.read_into(r, &mut v[at..]);
         }
         Some((k, v))
     }
@@ -400,16 +403,14 @@ impl KvCache {
                     "row {r} (sequence {rseq}, position {pos}) cannot follow sequence {seq} at length {len}"
                 )));
             }
-            self.make_writable(seq, pos)?;
-            let table_of = &self.seqs[seq].as_ref().expect("checked").tables;
-            for (l, dst) in self.layers.iter_mut().enumerate() {
-                let b = table_of[self.layer_group[l]][pos / BLOCK].expect("made writable");
-                let at = (b * BLOCK + pos % BLOCK) * kv_dim;
-                let src = &self.scratch.layers[l];
-                dst.k.copy_from(at, &src.k, r * kv_dim..(r + 1) * kv_dim);
-                dst.v.copy_from(at, &src.v, r * kv_dim..(r + 1) * kv_dim);
-            }
-            self.appended(seq, token);
+            let scratch = std::mem::take(&mut self.scratch.layers);
+            let row = r * kv_dim..(r + 1) * kv_dim;
+            let done = self.append(seq, token, |l, dst, at| {
+                dst.k.copy_from(at, &scratch[l].k, row.clone());
+                dst.v.copy_from(at, &scratch[l].v, row.clone());
+            });
+            self.scratch.layers = scratch;
+            done?;
         }
         Ok(())
     }
@@ -418,21 +419,34 @@ impl KvCache {
     /// pass: benchmarks and memory measurements use it to reach a long
     /// context quickly (what a pass costs does not depend on the values).
     pub fn pad_with_zeros(&mut self, seq: SeqId, n: usize) -> Result<(), ModelError> {
-        let kv_dim = self.layout.kv_dim;
-        let zeros = vec![0.0f32; kv_dim];
+        let zeros = vec![0.0f32; self.layout.kv_dim];
         for _ in 0..n {
-            let pos = self.seq_mut(seq)?.len;
-            self.make_writable(seq, pos)?;
-            let tables = &self.seqs[seq].as_ref().expect("checked").tables;
-            for (l, dst) in self.layers.iter_mut().enumerate() {
-                let b = tables[self.layer_group[l]][pos / BLOCK].expect("made writable");
-                let at = (b * BLOCK + pos % BLOCK) * kv_dim;
+            // No token can be u32::MAX, so these blocks match no prompt.
+            self.append(seq, u32::MAX, |_, dst, at| {
                 dst.k.write(at, &zeros);
                 dst.v.write(at, &zeros);
-            }
-            // No token can be u32::MAX, so these blocks match no prompt.
-            self.appended(seq, u32::MAX);
+            })?;
         }
+        Ok(())
+    }
+
+    /// Writes `token`'s keys and values at the end of `seq` (an existing
+    /// sequence): `write(layer, storage, element offset)` for every layer.
+    fn append(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        mut write: impl FnMut(usize, &mut KvPair, usize),
+    ) -> Result<(), ModelError> {
+        let kv_dim = self.layout.kv_dim;
+        let pos = self.seq_mut(seq)?.len;
+        self.make_writable(seq, pos)?;
+        let tables = &self.seqs[seq].as_ref().expect("checked").tables;
+        for (l, dst) in self.layers.iter_mut().enumerate() {
+            let b = tables[self.layer_group[l]][pos / BLOCK].expect("made writable");
+            write(l, dst, (b * BLOCK + pos % BLOCK) * kv_dim);
+        }
+        self.appended(seq, token);
         Ok(())
     }
 

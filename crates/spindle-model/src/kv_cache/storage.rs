@@ -157,16 +157,12 @@ impl KvBuf {
         }
     }
 
-    /// The values `range` as f32.
-    pub fn to_f32(&self, range: Range<usize>) -> Vec<f32> {
-        let mut out = vec![0.0f32; range.len()];
+    /// The values `range` widened to f32 into `out` (as long as `range`;
+    /// for Q8_0 both are whole blocks of 32).
+    pub fn read_into(&self, range: Range<usize>, out: &mut [f32]) {
         match self {
             KvBuf::F32(v) => out.copy_from_slice(&v[range]),
-            KvBuf::F16(v) => {
-                for (o, x) in out.iter_mut().zip(&v[range]) {
-                    *o = x.to_f32();
-                }
-            }
+            KvBuf::F16(v) => f16::load(&v[range], out),
             KvBuf::Q8_0(v) => {
                 for (b, o) in v[range.start / 32..range.end / 32]
                     .iter()
@@ -176,7 +172,6 @@ impl KvBuf {
                 }
             }
         }
-        out
     }
 
     pub fn len(&self) -> usize {
