@@ -3,7 +3,7 @@
 mod commands;
 mod home;
 mod options;
-mod spec;
+mod speculation;
 
 use clap::{Parser, Subcommand};
 

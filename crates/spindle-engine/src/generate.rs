@@ -21,6 +21,19 @@ pub struct GenerateRequest {
     pub stop_ids: Vec<u32>,
 }
 
+impl GenerateRequest {
+    /// The rules of each token, in a context of `max_len`.
+    pub fn rules(&self, max_len: usize) -> TokenRules<'_> {
+        TokenRules {
+            sampler: &self.sampler,
+            stop_ids: &self.stop_ids,
+            logit_bias: &[],
+            max_tokens: self.max_tokens,
+            max_len,
+        }
+    }
+}
+
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
@@ -176,32 +189,22 @@ pub fn generate_on(
     stats.passes = passes;
 
     let t1 = Instant::now();
+    let rules = req.rules(kv.max_len());
     let mut history = req.prompt.clone();
-    let mut out = Vec::new();
+    let mut generated = 0;
+    let mut on_token = |t: u32, _: &[f32]| on_token(t);
     let finish = loop {
-        if out.len() >= req.max_tokens {
+        if generated >= req.max_tokens {
             break FinishReason::Length;
         }
-        let pos = history.len();
-        let token = sample(&req.sampler, &logits, &history, pos);
-        if req.stop_ids.contains(&token) {
-            break FinishReason::Stop;
-        }
-        out.push(token);
-        history.push(token);
-        if !on_token(token) {
-            break FinishReason::Cancelled;
-        }
-        if out.len() >= req.max_tokens {
-            break FinishReason::Length;
-        }
-        if pos + 1 >= kv.max_len() {
-            break FinishReason::Length;
-        }
+        let token = match next_token(&rules, &logits, &mut history, &mut generated, &mut on_token) {
+            Next::Token(t) => t,
+            Next::End(reason) => break reason,
+        };
         let mut batch = Batch::new();
         batch.push(Row {
             token,
-            pos,
+            pos: history.len() - 1,
             seq,
             parent: None,
             logits: true,
@@ -212,11 +215,76 @@ pub fn generate_on(
         stats.decode_passes += 1;
         logits = l.row(0).expect("asked for logits").to_vec();
     };
-    stats.gen_tokens = out.len();
+    stats.gen_tokens = generated;
     stats.gen_seconds = t1.elapsed().as_secs_f64();
     Ok(GenerateOutput {
-        tokens: out,
+        tokens: history.split_off(req.prompt.len()),
         finish,
         stats,
     })
+}
+
+/// How plain decoding chooses each token and when it ends: the rules every
+/// decoder of Spindle applies, token by token, in this order
+/// ([`next_token`]). Speculative walks apply them at every tree node they
+/// visit, so they emit exactly what plain decoding would.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRules<'a> {
+    pub sampler: &'a SamplerConfig,
+    /// Tokens that end generation (not emitted).
+    pub stop_ids: &'a [u32],
+    /// Added to the logits before sampling (OpenAI's `logit_bias`).
+    pub logit_bias: &'a [(u32, f32)],
+    /// Most tokens to emit.
+    pub max_tokens: usize,
+    /// Longest sequence, prompt included (the context).
+    pub max_len: usize,
+}
+
+/// What [`next_token`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// This token was emitted and generation goes on after it.
+    Token(u32),
+    /// Generation ended (after emitting a last token, unless a stop token
+    /// or a cancellation ended it).
+    End(FinishReason),
+}
+
+/// One step of plain decoding, from the logits of the last position of
+/// `history` (prompt and emitted tokens): sample the token at the next
+/// position (keyed by seed and position), end at a stop token, emit it
+/// (`on_token(token, logits)` returns false to cancel), then end at the
+/// token limit or the context.
+pub fn next_token(
+    rules: &TokenRules,
+    logits: &[f32],
+    history: &mut Vec<u32>,
+    generated: &mut usize,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+) -> Next {
+    let pos = history.len();
+    let token = if rules.logit_bias.is_empty() {
+        sample(rules.sampler, logits, history, pos)
+    } else {
+        let mut biased = logits.to_vec();
+        for &(id, b) in rules.logit_bias {
+            if let Some(v) = biased.get_mut(id as usize) {
+                *v += b;
+            }
+        }
+        sample(rules.sampler, &biased, history, pos)
+    };
+    if rules.stop_ids.contains(&token) {
+        return Next::End(FinishReason::Stop);
+    }
+    history.push(token);
+    *generated += 1;
+    if !on_token(token, logits) {
+        return Next::End(FinishReason::Cancelled);
+    }
+    if *generated >= rules.max_tokens || pos + 1 >= rules.max_len {
+        return Next::End(FinishReason::Length);
+    }
+    Next::Token(token)
 }

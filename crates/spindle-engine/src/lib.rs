@@ -7,9 +7,9 @@ pub mod generate;
 pub mod sampler;
 pub mod scheduler;
 pub mod score;
-pub mod spec;
+pub mod speculative;
 
-pub use error::EngineError;
+pub use error::{EngineError, ErrorKind, RequestError};
 pub use generate::{
     generate, generate_on, FinishReason, GenerateOutput, GenerateRequest, GenerateStats,
 };

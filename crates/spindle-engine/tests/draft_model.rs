@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use spindle_engine::sampler::argmax;
-use spindle_engine::spec::{Draft, DraftModelDrafter, Drafter};
+use spindle_engine::speculative::{Draft, DraftModelDrafter, Drafter};
 use spindle_model::{Batch, Model, Row};
 
 const ARCHS: [&str; 2] = ["gemma3", "llama"];

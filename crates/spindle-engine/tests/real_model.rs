@@ -168,7 +168,7 @@ fn every_isa_scores_the_real_model_identically() {
 #[test]
 fn speculative_decoding_equals_plain_on_the_real_model() {
     use spindle_engine::generate_on;
-    use spindle_engine::spec::{generate_speculative_on, Adaptive, NgramDrafter};
+    use spindle_engine::speculative::{generate_speculative_on, NgramDrafter, TreeBudget};
 
     let Some(path) = real_model() else { return };
     let m = spindle_model::load(&path, 2).unwrap();
@@ -213,7 +213,8 @@ fn speculative_decoding_equals_plain_on_the_real_model() {
             let mut plain_kv = m.model.new_kv_cache(m.model.default_kv_type(), 1024, 1);
             let seq = plain_kv.add_sequence().unwrap();
             let want = generate_on(&m.model, &mut plain_kv, seq, &req, &mut |_| true).unwrap();
-            for (fixed, mut policy) in [(false, Adaptive::new(16)), (true, Adaptive::fixed(8))] {
+            for (fixed, mut policy) in [(false, TreeBudget::new(16)), (true, TreeBudget::fixed(8))]
+            {
                 let mut kv = m.model.new_kv_cache(m.model.default_kv_type(), 1024, 1);
                 let seq = kv.add_sequence().unwrap();
                 let got = generate_speculative_on(

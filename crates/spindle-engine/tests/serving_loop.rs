@@ -9,7 +9,7 @@ use common::tiny;
 use spindle_engine::scheduler::{
     spawn_engine, EngineConfig, EngineHandle, Event, Request, RequestParams, SubmitError,
 };
-use spindle_engine::{generate, FinishReason, GenerateRequest, SamplerConfig};
+use spindle_engine::{generate, ErrorKind, FinishReason, GenerateRequest, SamplerConfig};
 use spindle_model::LoadedModel;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -131,8 +131,8 @@ fn concurrent_requests_get_their_solo_tokens() {
         for (spec, fixed) in [(None, false), (Some(16), false), (Some(8), true)] {
             let config = EngineConfig {
                 max_batch_tokens: 24,
-                spec_budget: spec,
-                spec_fixed: fixed,
+                tree_budget: spec,
+                fixed_tree_budget: fixed,
                 ..EngineConfig::default()
             };
             // 4 slots for 12 requests: later ones wait, then reuse the
@@ -178,8 +178,8 @@ fn preempted_requests_are_recomputed_to_their_solo_tokens() {
             let kv = spindle_model::KvCache::new(layout);
             let config = EngineConfig {
                 max_batch_tokens: 24,
-                spec_budget: spec,
-                spec_fixed: true,
+                tree_budget: spec,
+                fixed_tree_budget: true,
                 ..EngineConfig::default()
             };
             let m2 = tiny(arch);
@@ -208,20 +208,47 @@ fn a_dropped_request_frees_its_slot_and_errors_are_reported() {
     let mut next = submit(&e, 1, 8, "a");
     let (tokens, _) = collect(&mut next);
     assert_eq!(tokens.len(), 8);
-    // A prompt longer than the context is refused with a reason.
-    let (tx, mut rx) = unbounded_channel();
-    e.submit(Request {
+    // A prompt longer than the context is refused with a reason, at
+    // submission (it never takes a place in the queue).
+    let (tx, rx) = unbounded_channel();
+    let refused = e.submit(Request {
         prompt: vec![3; 200],
         params: params(0, 4),
         tenant: "a".into(),
         score: None,
         events: tx,
-    })
-    .unwrap();
-    match rx.blocking_recv() {
-        Some(Event::Error(msg)) => assert!(msg.contains("200") && msg.contains("128"), "{msg}"),
+    });
+    match refused {
+        Err(SubmitError::Refused(err)) => {
+            let msg = &err.message;
+            assert!(msg.contains("200") && msg.contains("128"), "{msg}");
+            assert_eq!(err.kind, ErrorKind::TooLong);
+        }
         other => panic!("{other:?}"),
     }
+    drop(rx);
+    // So are an empty prompt, a token outside the vocabulary and a
+    // completion that would outgrow the context; the engine goes on.
+    for (prompt, max_tokens, kind) in [
+        (vec![], 4, ErrorKind::InvalidRequest),
+        (vec![3, 1 << 30], 4, ErrorKind::InvalidRequest),
+        (vec![3; 100], 29, ErrorKind::TooLong),
+    ] {
+        let (tx, _rx) = unbounded_channel();
+        let r = e.submit(Request {
+            prompt,
+            params: params(0, max_tokens),
+            tenant: "a".into(),
+            score: None,
+            events: tx,
+        });
+        assert!(
+            matches!(&r, Err(SubmitError::Refused(err)) if err.kind == kind),
+            "{r:?}"
+        );
+    }
+    let mut after = submit(&e, 2, 4, "a");
+    assert_eq!(collect(&mut after).0.len(), 4);
 }
 
 /// With one slot busy, a big tenant queues 5 requests and then a small
@@ -235,7 +262,7 @@ fn big_ones_behind_small(fair: bool) -> Option<usize> {
     let config = EngineConfig {
         max_waiting: 6,
         fair,
-        spec_budget: None,
+        tree_budget: None,
         ..EngineConfig::default()
     };
     let e = engine("gemma3", 1, config);

@@ -6,7 +6,9 @@
 mod common;
 use common::tiny;
 
-use spindle_engine::spec::{generate_speculative_on, Adaptive, Draft, Drafter, NgramDrafter};
+use spindle_engine::speculative::{
+    generate_speculative_on, Draft, Drafter, NgramDrafter, TreeBudget,
+};
 use spindle_engine::{generate_on, EngineError, GenerateOutput, GenerateRequest, SamplerConfig};
 use spindle_model::{KvCache, LoadedModel};
 
@@ -44,7 +46,7 @@ fn speculative(
     m: &LoadedModel,
     req: &GenerateRequest,
     drafter: &mut dyn Drafter,
-    policy: &mut Adaptive,
+    policy: &mut TreeBudget,
 ) -> (GenerateOutput, KvCache) {
     let mut kv = m.model.new_kv_cache(m.model.default_kv_type(), 256, 1);
     let seq = kv.add_sequence().unwrap();
@@ -137,10 +139,10 @@ fn ngram_speculation_equals_plain_decoding() {
                 let req = request(prompt, 48, sampler.clone());
                 let (want, want_kv) = plain(&m, &req);
                 let policies = [
-                    Adaptive::new(16),
-                    Adaptive::fixed(4),
-                    Adaptive::fixed(16),
-                    Adaptive::fixed(64),
+                    TreeBudget::new(16),
+                    TreeBudget::fixed(4),
+                    TreeBudget::fixed(16),
+                    TreeBudget::fixed(64),
                 ];
                 for (k, mut policy) in policies.into_iter().enumerate() {
                     let (got, got_kv) =
@@ -173,14 +175,14 @@ fn rejected_and_branching_trees_change_nothing() {
                 state: 0x9E37_79B9_7F4A_7C15 ^ pi as u64,
                 vocab: m.model.config.vocab_size as u32,
             };
-            let (got, got_kv) = speculative(&m, &req, &mut random, &mut Adaptive::new(64));
+            let (got, got_kv) = speculative(&m, &req, &mut random, &mut TreeBudget::new(64));
             assert_eq!(got.tokens, want.tokens, "random drafts, prompt {pi}");
             assert!(kv_bits(&got_kv) == kv_bits(&want_kv));
 
             let mut oracle = Oracle {
                 full: [prompt.clone(), want.tokens.clone()].concat(),
             };
-            let (got, got_kv) = speculative(&m, &req, &mut oracle, &mut Adaptive::fixed(16));
+            let (got, got_kv) = speculative(&m, &req, &mut oracle, &mut TreeBudget::fixed(16));
             assert_eq!(got.tokens, want.tokens, "oracle drafts, prompt {pi}");
             assert!(kv_bits(&got_kv) == kv_bits(&want_kv));
             assert!(
@@ -212,7 +214,7 @@ fn stops_inside_an_accepted_run() {
         &m,
         &req,
         &mut Oracle { full: full.clone() },
-        &mut Adaptive::new(16),
+        &mut TreeBudget::new(16),
     );
     assert_eq!(got.tokens, want.tokens);
     assert_eq!(got.finish, want.finish);
@@ -225,7 +227,7 @@ fn stops_inside_an_accepted_run() {
             &m,
             &req,
             &mut Oracle { full: full.clone() },
-            &mut Adaptive::new(16),
+            &mut TreeBudget::new(16),
         );
         assert_eq!(got.tokens, want.tokens, "max_tokens {n}");
         assert_eq!(got.finish, want.finish);

@@ -61,13 +61,11 @@ pub async fn decide(
         match event {
             Some(Event::Scores(s)) => scores = Some(s),
             Some(Event::Finished(_)) => break,
-            Some(Event::Error(e)) => {
-                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))
-            }
+            Some(Event::Error(e)) => return Err(ApiError::from(e)),
             Some(Event::Token { .. }) => {}
             None => {
                 return Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
+                    StatusCode::SERVICE_UNAVAILABLE,
                     "the engine stopped",
                 ))
             }

@@ -4,6 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use spindle_engine::{ErrorKind, RequestError};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -36,7 +37,8 @@ impl ApiError {
         }
     }
 
-    fn kind(&self) -> &'static str {
+    /// OpenAI's error `type` for this status.
+    pub fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::NOT_FOUND => "not_found_error",
@@ -63,5 +65,49 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         resp
+    }
+}
+
+/// The engine's refusals and failures by their kind: the request's own
+/// faults are 4xx (never 5xx), a full engine 503 with `Retry-After`, and
+/// only the engine's own faults 500.
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> ApiError {
+        let (status, retry_after) = match e.kind {
+            ErrorKind::InvalidRequest | ErrorKind::TooLong => (StatusCode::BAD_REQUEST, None),
+            ErrorKind::Capacity => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
+            ErrorKind::Cancelled => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
+            ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        };
+        ApiError {
+            status,
+            message: e.message,
+            param: e.param,
+            retry_after,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_fault_of_the_request_is_a_server_error() {
+        let status = |kind| ApiError::from(RequestError::new(kind, "x")).status;
+        assert_eq!(status(ErrorKind::InvalidRequest), StatusCode::BAD_REQUEST);
+        assert_eq!(status(ErrorKind::TooLong), StatusCode::BAD_REQUEST);
+        assert_eq!(status(ErrorKind::Capacity), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            status(ErrorKind::Internal),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let busy = ApiError::from(RequestError::new(ErrorKind::Capacity, "full"));
+        assert_eq!(busy.retry_after, Some(1));
+        let e = ApiError::from(RequestError::invalid("prompt", "empty"));
+        assert_eq!(
+            (e.param, e.kind()),
+            (Some("prompt"), "invalid_request_error")
+        );
     }
 }

@@ -62,9 +62,8 @@ pub fn build_job(
     tenant: String,
 ) -> Result<Job, ApiError> {
     let ctx = state.engine.ctx;
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt is empty"));
-    }
+    // The engine checks the prompt and the context when the job is
+    // submitted (one place for every caller); here only what the API adds.
     let max_tokens = match f.max_completion_tokens.or(f.max_tokens) {
         Some(0) => {
             return Err(ApiError::invalid(
@@ -75,16 +74,6 @@ pub fn build_job(
         Some(m) => m.min(u32::MAX as u64) as usize,
         None => default_max.min(ctx.saturating_sub(prompt.len())).max(1),
     };
-    if prompt.len() + max_tokens > ctx {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            format!(
-                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the prompt, {max_tokens} in the completion). Please reduce the prompt or max_tokens.",
-                prompt.len() + max_tokens,
-                prompt.len()
-            ),
-        ));
-    }
     let temperature = f.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::invalid(
@@ -206,14 +195,14 @@ pub fn build_job(
 }
 
 /// A refused submission as the client hears it: 429 with `Retry-After`
-/// for a full queue.
+/// for a full queue, the engine's refusals by their kind.
 pub fn submit_error(e: SubmitError) -> ApiError {
     match e {
         SubmitError::QueueFull { .. } => ApiError {
             retry_after: Some(1),
             ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
         },
-        SubmitError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        e => ApiError::from(e.request_error()),
     }
 }
 
@@ -258,7 +247,7 @@ async fn drive_choice(
         let event = match tokio::time::timeout_at(deadline, events.recv()).await {
             Ok(Some(e)) => e,
             Ok(None) => {
-                let error = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine stopped");
+                let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped");
                 let _ = out.send(Piece::Failed { error }).await;
                 return;
             }
@@ -320,8 +309,8 @@ async fn drive_choice(
                     .await;
                 return;
             }
-            Event::Error(message) => {
-                let error = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message);
+            Event::Error(e) => {
+                let error = ApiError::from(e);
                 let _ = out.send(Piece::Failed { error }).await;
                 return;
             }

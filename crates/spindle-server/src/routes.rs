@@ -114,8 +114,16 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
     )
 }
 
-fn internal(e: impl std::fmt::Display) -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+/// The tokenizer refused the text or ids of request field `param`.
+fn untokenizable(
+    param: &'static str,
+) -> impl Fn(spindle_model::tokenizer::TokenizerError) -> ApiError {
+    move |e| {
+        ApiError::invalid(
+            param,
+            format!("the tokenizer cannot take this {param}: {e}"),
+        )
+    }
 }
 
 /// Prompt ids of a completions request.
@@ -130,21 +138,11 @@ fn completion_prompt(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiE
                 "give one prompt per request (a string, or a list of token ids)",
             ))
         }
-        Prompt::Ids(ids) => {
-            if let Some(bad) = ids.iter().find(|&&i| i as usize >= tok.vocab_size()) {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    format!(
-                        "token id {bad} is outside the vocabulary of {}",
-                        tok.vocab_size()
-                    ),
-                ));
-            }
-            return Ok(ids.clone());
-        }
+        // The engine checks the ids when the job is submitted.
+        Prompt::Ids(ids) => return Ok(ids.clone()),
     };
     tok.encode(&text, tok.add_bos_default(), true)
-        .map_err(internal)
+        .map_err(untokenizable("prompt"))
 }
 
 fn chat_prompt(state: &AppState, messages: &[ChatMessageIn]) -> Result<Vec<u32>, ApiError> {
@@ -174,7 +172,7 @@ fn chat_prompt(state: &AppState, messages: &[ChatMessageIn]) -> Result<Vec<u32>,
     state
         .tokenizer
         .encode_chat_prompt(&rendered)
-        .map_err(internal)
+        .map_err(untokenizable("messages"))
 }
 
 async fn completions(
@@ -458,7 +456,7 @@ impl Streamer {
                     self.chunk(self.delta(index, "", first, Some(finish_reason)))
                 }
                 Piece::Failed { error, .. } => {
-                    let body = json!({"error": {"message": error.message, "type": "server_error", "code": error.status.as_u16()}});
+                    let body = json!({"error": {"message": error.message, "type": error.kind(), "param": error.param, "code": error.status.as_u16()}});
                     let _ = tx
                         .send(Ok(SseEvent::default().data(body.to_string())))
                         .await;
@@ -495,7 +493,10 @@ async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Json<Value
     let tokens = match (&req.prompt, &req.messages) {
         (Some(p), None) => {
             let bos = req.add_special_tokens.unwrap_or(true) && state.tokenizer.add_bos_default();
-            state.tokenizer.encode(p, bos, true).map_err(internal)?
+            state
+                .tokenizer
+                .encode(p, bos, true)
+                .map_err(untokenizable("prompt"))?
         }
         (None, Some(m)) => chat_prompt(&state, m)?,
         _ => {
@@ -523,6 +524,9 @@ async fn detokenize(State(state): State<Shared>, body: Bytes) -> Result<Json<Val
             format!("token id {bad} is outside the vocabulary of {vocab}"),
         ));
     }
-    let text = state.tokenizer.decode(&req.tokens).map_err(internal)?;
+    let text = state
+        .tokenizer
+        .decode(&req.tokens)
+        .map_err(untokenizable("tokens"))?;
     Ok(Json(json!({ "prompt": text })))
 }

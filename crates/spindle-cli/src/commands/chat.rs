@@ -9,7 +9,7 @@ use spindle_model::chat_template::ChatMessage;
 
 use crate::commands::run::encode_chat;
 use crate::options::{tokenizer, ModelArgs, SamplingArgs};
-use crate::spec::{generate_with, SpecArgs};
+use crate::speculation::{generate_with, SpecArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {

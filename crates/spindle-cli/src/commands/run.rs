@@ -11,7 +11,7 @@ use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
 use crate::options::{prompt_text, tokenizer, ModelArgs, SamplingArgs};
-use crate::spec::{generate_with, SpecArgs};
+use crate::speculation::{generate_with, SpecArgs};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {

@@ -11,6 +11,7 @@ use spindle_model::KvCache;
 use spindle_server::AppState;
 
 use crate::options::{tokenizer, ModelArgs};
+use crate::speculation::{SpecArgs, SpecMode};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -48,14 +49,12 @@ pub struct ServeArgs {
     /// batching, for comparison).
     #[arg(long = "static-batching")]
     pub static_batching: bool,
-    /// Speculative decoding inside the batch: auto or ngram (n-gram drafts
-    /// from each request's own text, tree size chosen each pass from pass
-    /// costs and acceptance) or off. The output is the same either way.
-    #[arg(long, default_value = "auto")]
-    pub spec: String,
-    /// Largest tree per sequence (1-64).
-    #[arg(long = "spec-budget", default_value_t = 16)]
-    pub spec_budget: usize,
+    /// Speculative decoding inside the batch, as for `spindle run`: every
+    /// sequence slot gets its own drafter (a draft model's weights are
+    /// shared, its KV cache is one per slot, allocated at start and counted
+    /// in --kv-memory and the plan).
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// Context per sequence when neither --ctx nor --kv-memory is given.
@@ -67,7 +66,13 @@ const DEFAULT_CTX: usize = 4096;
 /// slot, the rest full-attention blocks for whichever sequences need them
 /// (a full pool preempts). A sequence may reach the model's context
 /// (or `--ctx`) as far as the pool holds it.
-fn kv_pool(args: &ServeArgs, path: &Path) -> Result<(usize, Option<usize>)> {
+/// `draft_bytes(ctx)`: the KV bytes every slot's drafter takes at that
+/// context, all slots together (taken from `--kv-memory` first).
+fn kv_pool(
+    args: &ServeArgs,
+    path: &Path,
+    draft_bytes: &dyn Fn(usize) -> u64,
+) -> Result<(usize, Option<usize>)> {
     let shape = spindle_plan::ModelShape::from_path(path)
         .with_context(|| format!("cannot plan {}", path.display()))?;
     let model_ctx = shape.context_length as usize;
@@ -81,8 +86,18 @@ fn kv_pool(args: &ServeArgs, path: &Path) -> Result<(usize, Option<usize>)> {
     };
     let kv = args.model.plan_kv_type()?;
     let wanted = args.model.ctx.unwrap_or(model_ctx) as u64;
+    let drafts = draft_bytes(wanted as usize);
+    if drafts >= budget {
+        bail!(
+            "--kv-memory {} cannot hold the draft model's KV caches ({} for {} sequences of {wanted} tokens) \
+             and the model's: raise --kv-memory, lower --ctx or --max-seqs, or use --spec ngram",
+            spindle_plan::human_bytes(budget),
+            spindle_plan::human_bytes(drafts),
+            args.max_seqs
+        );
+    }
     let tokens = shape
-        .kv_pool_tokens(budget, args.max_seqs as u64, wanted, kv)
+        .kv_pool_tokens(budget - drafts, args.max_seqs as u64, wanted, kv)
         .filter(|&t| t > 0)
         .ok_or_else(|| {
             anyhow::anyhow!(
@@ -101,24 +116,67 @@ fn kv_pool(args: &ServeArgs, path: &Path) -> Result<(usize, Option<usize>)> {
     Ok((ctx, Some(tokens as usize)))
 }
 
+/// The machine must hold the model, its KV pool and the drafters' KV
+/// caches (`draft_kv` bytes) at once, and a separate draft model's weights.
+fn check_memory_with_drafts(
+    args: &ServeArgs,
+    path: &Path,
+    ctx: usize,
+    draft_kv: u64,
+) -> Result<()> {
+    if draft_kv == 0 {
+        return Ok(());
+    }
+    let shape = spindle_plan::ModelShape::from_path(path)
+        .with_context(|| format!("cannot plan {}", path.display()))?;
+    let device = spindle_plan::Device::cpu()?;
+    let profile = spindle_plan::EngineProfile::cpu_with_threads(args.model.threads() as u64);
+    let request = spindle_plan::PlanRequest::new(
+        ctx as u64,
+        args.max_seqs as u64,
+        args.model.plan_kv_type()?,
+        device.clone(),
+    );
+    let target = spindle_plan::plan(&shape, &request, &profile).total_bytes;
+    let draft_weights = match args.spec.mode()? {
+        SpecMode::DraftModel(p) => {
+            spindle_plan::ModelShape::from_path(&p)
+                .with_context(|| format!("cannot plan {}", p.display()))?
+                .weights
+                .bytes
+        }
+        _ => 0,
+    };
+    let total = target + draft_weights + draft_kv;
+    if total > device.memory_bytes {
+        bail!(
+            "the model, its KV pool and the drafts need {} ({} of it the draft KV caches of {} sequences) \
+             but this machine has {}: lower --ctx or --max-seqs, or use --spec ngram",
+            spindle_plan::human_bytes(total),
+            spindle_plan::human_bytes(draft_kv),
+            args.max_seqs,
+            spindle_plan::human_bytes(device.memory_bytes)
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_seqs == 0 || args.max_batch_tokens == 0 {
         bail!("--max-seqs and --max-batch-tokens must be at least 1");
     }
-    if !(1..=64).contains(&args.spec_budget) {
-        bail!(
-            "--spec-budget {} is out of range: give 1 to 64",
-            args.spec_budget
-        );
-    }
-    let spec_budget = match args.spec.as_str() {
-        "off" => None,
-        "auto" | "ngram" => Some(args.spec_budget),
-        s => bail!("--spec '{s}': the server drafts with n-grams only; give auto, ngram or off"),
-    };
+    let tree_budget = args.spec.tree_budget()?;
     let path = args.model.resolve()?;
-    let (ctx, pool_tokens) = kv_pool(&args, &path)?;
     let loaded = args.model.load()?;
+    let threads = loaded.model.n_threads();
+    let drafts = args.spec.source(&loaded.model, threads)?;
+    let draft_bytes = |ctx: usize| {
+        drafts
+            .as_ref()
+            .map_or(0, |d| (d.kv_bytes(ctx) * args.max_seqs) as u64)
+    };
+    let (ctx, pool_tokens) = kv_pool(&args, &path, &draft_bytes)?;
+    check_memory_with_drafts(&args, &path, ctx, draft_bytes(ctx))?;
     let tok = tokenizer(&loaded)?.clone();
     let ty = args.model.kv_type(&loaded.model)?;
     let mut layout = loaded.model.kv_layout(ty, ctx, args.max_seqs);
@@ -134,7 +192,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| loaded.name.clone())
     });
-    let threads = loaded.model.n_threads();
+    let drafting = match &drafts {
+        None => String::new(),
+        Some(_) => format!(
+            ", {} drafts{}",
+            args.spec.spec,
+            match draft_bytes(ctx) {
+                0 => String::new(),
+                b => format!(" with {} of draft KV", spindle_plan::human_bytes(b)),
+            }
+        ),
+    };
     let engine = spawn_engine(
         loaded.model,
         kv,
@@ -143,8 +211,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             max_waiting: args.max_waiting,
             fair: !args.fifo,
             static_batching: args.static_batching,
-            spec_budget,
-            spec_fixed: false,
+            tree_budget,
+            fixed_tree_budget: false,
+            drafts: drafts.unwrap_or_default(),
         },
     );
     let mut state = AppState::new(engine, tok, name.clone(), args.api_key.clone());
@@ -156,7 +225,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()?;
     rt.block_on(spindle_server::serve(state, addr, |bound| {
         eprintln!(
-            "serving {name} ({threads} threads, context {ctx}, KV pool {kv_bytes} {}: {pool}{}) at http://{bound}/v1",
+            "serving {name} ({threads} threads, context {ctx}, KV pool {kv_bytes} {}: {pool}{drafting}{}) at http://{bound}/v1",
             ty.name(),
             if args.api_key.is_some() { ", API key required" } else { "" }
         );

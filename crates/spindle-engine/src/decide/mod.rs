@@ -219,7 +219,7 @@ pub enum RunError {
     #[error(transparent)]
     Submit(#[from] crate::scheduler::SubmitError),
     #[error("the engine failed: {0}")]
-    Engine(String),
+    Engine(crate::error::RequestError),
 }
 
 /// Plans `req`, runs it on `engine` (the state's KV stays in the prefix
@@ -241,9 +241,15 @@ pub fn decide(
             Some(Event::Finished(_)) => break,
             Some(Event::Error(e)) => return Err(RunError::Engine(e)),
             Some(Event::Token { .. }) => {}
-            None => return Err(RunError::Engine("the engine stopped".into())),
+            None => {
+                return Err(RunError::Engine(crate::error::RequestError::internal(
+                    "the engine stopped",
+                )))
+            }
         }
     }
-    let scores = scores.ok_or_else(|| RunError::Engine("no scores came back".into()))?;
+    let scores = scores.ok_or_else(|| {
+        RunError::Engine(crate::error::RequestError::internal("no scores came back"))
+    })?;
     Ok(plan.answers(&scores)?)
 }

@@ -1,9 +1,15 @@
 //! Counters and latency histograms of the engine, shared with the server,
-//! which renders them in Prometheus' text format with vLLM's metric names.
+//! which renders them in Prometheus' text format: vLLM's metric names under
+//! `spindle:`, and beside them the `vllm:` gauges that endpoint pickers
+//! (the Kubernetes Gateway API Inference Extension, llm-d) read from any
+//! vLLM-compatible server to route requests between replicas.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
+
+use spindle_model::KvCache;
 
 /// Upper bounds (seconds) of the latency buckets.
 const BUCKETS: [f64; 18] = [
@@ -49,6 +55,9 @@ pub struct Metrics {
     /// Bytes of KV blocks that sequences hold, and of the whole pool.
     pub kv_used: AtomicU64,
     pub kv_capacity: AtomicU64,
+    /// Blocks of the KV pool (every layer group), and tokens per block.
+    pub kv_blocks: AtomicU64,
+    pub kv_block_tokens: AtomicU64,
     pub prefix_cache_queries: AtomicU64,
     pub prefix_cache_hits: AtomicU64,
     pub prompt_tokens: AtomicU64,
@@ -73,6 +82,45 @@ impl Metrics {
         } else {
             self.kv_used.load(Ordering::Relaxed) as f64 / cap as f64
         }
+    }
+
+    /// Records the size of the KV pool.
+    pub fn set_pool(&self, kv: &KvCache) {
+        self.kv_capacity
+            .store(kv.layout().bytes() as u64, Ordering::Relaxed);
+        self.kv_blocks
+            .store(kv.block_usage().total as u64, Ordering::Relaxed);
+        self.kv_block_tokens
+            .store(spindle_model::BLOCK as u64, Ordering::Relaxed);
+    }
+
+    /// A prompt of `tokens` looked up in the prefix cache, `cached` found.
+    pub(crate) fn record_prefix_lookup(&self, tokens: usize, cached: usize) {
+        self.prefix_cache_queries
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.prefix_cache_hits
+            .fetch_add(cached as u64, Ordering::Relaxed);
+    }
+
+    /// A token emitted for a request that arrived at `arrived`, whose last
+    /// token came at `last` (updated to now): time to first token or
+    /// inter-token latency.
+    pub(crate) fn record_token(&self, arrived: Instant, last: &mut Option<Instant>) {
+        self.generation_tokens.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        match *last {
+            None => self.observe(&self.time_to_first_token, (now - arrived).as_secs_f64()),
+            Some(t) => self.observe(&self.inter_token_latency, (now - t).as_secs_f64()),
+        }
+        *last = Some(now);
+    }
+
+    /// A verified tree of `drafted` nodes, `accepted` of them kept.
+    pub(crate) fn record_drafts(&self, drafted: usize, accepted: usize) {
+        self.spec_drafted
+            .fetch_add(drafted as u64, Ordering::Relaxed);
+        self.spec_accepted
+            .fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn observe(&self, h: &Mutex<Histogram>, seconds: f64) {
@@ -107,6 +155,23 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{label} {v}"
             );
         }
+        // The same gauges under the names endpoint pickers map by default
+        // for vLLM-compatible servers, with vLLM's meanings.
+        for (name, _, v) in gauges {
+            let vllm = name.replacen("spindle:", "vllm:", 1);
+            let _ = writeln!(
+                out,
+                "# HELP {vllm} {name}, under vLLM's name.\n# TYPE {vllm} gauge\n{vllm}{label} {v}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the KV cache: tokens per block and blocks in the pool.\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{model_name=\"{model}\",block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
+            get(&self.kv_block_tokens),
+            get(&self.kv_blocks)
+        );
         let counters: [(&str, &str, &AtomicU64); 9] = [
             (
                 "spindle:prefix_cache_queries_total",

@@ -4,14 +4,26 @@
 //! sequence and chunks of prompts share one `Batch` under a token budget; a
 //! finished or cancelled sequence frees its KV before the next pass, and a
 //! waiting request takes its place at once.
+//!
+//! - [`handle`]: configuration, starting the loop, submitting requests;
+//! - `engine`: the loop and the state it owns;
+//! - `admission`: the scheduling policy (admission, prompt chunks,
+//!   preemption by recompute);
+//! - `step`: one pass (build the batch, run it, walk, commit, emit);
+//! - `sequence`: a running request and its phase;
+//! - [`metrics`], [`fair_queue`], [`request`], `score_tree`.
 
-mod engine_loop;
-mod metrics;
-mod queue;
-mod request;
+mod admission;
+mod engine;
+pub mod fair_queue;
+pub mod handle;
+pub mod metrics;
+pub mod request;
 mod score_tree;
+mod sequence;
+mod step;
 
-pub use engine_loop::{spawn_engine, EngineConfig, EngineHandle, SubmitError};
+pub use fair_queue::FairQueue;
+pub use handle::{spawn_engine, EngineConfig, EngineHandle, SubmitError};
 pub use metrics::{Histogram, Metrics};
-pub use queue::FairQueue;
 pub use request::{Event, Finished, Request, RequestParams, ScoreTree, TokenLogprobs, TreeScores};

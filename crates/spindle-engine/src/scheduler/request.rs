@@ -2,7 +2,8 @@
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::generate::FinishReason;
+use crate::error::{ErrorKind, RequestError};
+use crate::generate::{FinishReason, TokenRules};
 use crate::sampler::SamplerConfig;
 
 /// How to continue one prompt.
@@ -18,6 +19,19 @@ pub struct RequestParams {
     /// Also report each token's log-probability and this many alternatives
     /// (`None`: no log-probabilities).
     pub logprobs: Option<usize>,
+}
+
+impl RequestParams {
+    /// Plain decoding's rules for these tokens, in a context of `max_len`.
+    pub fn rules(&self, max_len: usize) -> TokenRules<'_> {
+        TokenRules {
+            sampler: &self.sampler,
+            stop_ids: &self.stop_ids,
+            logit_bias: &self.logit_bias,
+            max_tokens: self.max_tokens,
+            max_len,
+        }
+    }
 }
 
 /// A token tree to score after the prompt, in the prompt's last pass,
@@ -82,6 +96,78 @@ pub struct Request {
     pub events: UnboundedSender<Event>,
 }
 
+impl Request {
+    /// Whether the request can run in a context of `ctx` tokens over a
+    /// vocabulary of `vocab` (the engine refuses it at submission
+    /// otherwise, before it takes a place in the queue).
+    pub fn check(&self, ctx: usize, vocab: usize) -> Result<(), RequestError> {
+        let n = self.prompt.len();
+        if n == 0 {
+            return Err(RequestError::invalid(
+                "prompt",
+                "the prompt is empty: give at least one token",
+            ));
+        }
+        let outside = |ids: &mut dyn Iterator<Item = u32>| {
+            for t in ids {
+                if t as usize >= vocab {
+                    return Some(t);
+                }
+            }
+            None
+        };
+        if let Some(bad) = outside(&mut self.prompt.iter().copied()) {
+            return Err(RequestError::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        if let Some(bad) = outside(&mut self.params.logit_bias.iter().map(|b| b.0)) {
+            return Err(RequestError::invalid(
+                "logit_bias",
+                format!("logit_bias keys must be token ids below {vocab}, got {bad}"),
+            ));
+        }
+        let too_long = |message: String| RequestError {
+            param: Some("max_tokens"),
+            ..RequestError::new(ErrorKind::TooLong, message)
+        };
+        if n >= ctx {
+            return Err(too_long(format!(
+                "the prompt has {n} tokens but the context holds {ctx}: shorten it"
+            )));
+        }
+        match &self.score {
+            Some(tree) => {
+                let depth = tree.depth().map_err(|e| {
+                    RequestError::invalid("questions", format!("the score tree is malformed: {e}"))
+                })?;
+                if let Some(bad) = outside(&mut tree.nodes.iter().map(|n| n.0)) {
+                    return Err(RequestError::invalid(
+                        "questions",
+                        format!("token id {bad} is outside the vocabulary of {vocab}"),
+                    ));
+                }
+                if n + depth > ctx {
+                    return Err(too_long(format!(
+                        "the prompt ({n} tokens) and the score tree ({depth} deep) exceed the context of {ctx}"
+                    )));
+                }
+            }
+            None => {
+                let max = self.params.max_tokens;
+                if n + max > ctx {
+                    return Err(too_long(format!(
+                        "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({n} in the prompt, {max} in the completion). Please reduce the prompt or max_tokens.",
+                        n + max
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Log-probabilities of an emitted token under the model (before
 /// temperature, penalties and filters, as OpenAI and vLLM report them).
 #[derive(Debug, Clone, PartialEq)]
@@ -110,5 +196,6 @@ pub enum Event {
     /// The scores of a request's [`ScoreTree`], just before `Finished`.
     Scores(TreeScores),
     Finished(Finished),
-    Error(String),
+    /// The request ended without finishing, and why.
+    Error(RequestError),
 }

@@ -10,7 +10,7 @@ use spindle_model::{Batch, Model, Row, SeqId};
 
 use super::request::{ScoreTree, TreeScores};
 use crate::error::EngineError;
-use crate::spec::verify::LazyLogits;
+use crate::speculative::verify::LazyLogits;
 
 /// Where a tree sits in a batch.
 #[derive(Debug, Clone)]

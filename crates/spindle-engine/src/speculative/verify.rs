@@ -1,12 +1,93 @@
-//! Verification helpers shared by single-sequence speculation and the
-//! serving loop: the output head computed only for the rows a walk visits.
+//! Verification: the one walk over a verified tree, which decides the
+//! tokens a sequence keeps after a pass (single-sequence speculation and
+//! the serving loop both call [`walk`]), and the output head computed only
+//! for the rows a walk visits.
+//!
+//! Why a walk emits exactly what plain decoding would: a row's logits are
+//! bit-identical whether it runs alone or in a tree (the one-pass rule,
+//! tested in spindle-model), and at every node the walk applies plain
+//! decoding's own step ([`next_token`]: the sampler keyed by seed and
+//! position, stop tokens, limits, in the same order), from the same logits
+//! with the same history.
 
 use std::ops::Range;
 
 use spindle_model::{Batch, Hidden, Logits, Model, Row, SeqId};
 
-use super::tree::TokenTree;
+use super::token_tree::TokenTree;
 use crate::error::EngineError;
+use crate::generate::{next_token, FinishReason, Next, TokenRules};
+
+/// What a walk kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Walk {
+    /// The batch rows to commit, in order: the root (the pending token),
+    /// then the row of each accepted node.
+    pub path: Vec<usize>,
+    /// The tree offered a next token and the model chose another (not
+    /// when the walk ran out of tree, or generation ended).
+    pub rejected: bool,
+    /// Why generation ended, if it did.
+    pub finish: Option<FinishReason>,
+}
+
+impl Walk {
+    /// Drafted tokens accepted.
+    pub fn accepted(&self) -> usize {
+        self.path.len() - 1
+    }
+}
+
+/// Walks `tree`, verified in the pass behind batch row `root` (tree node
+/// `i` is row `root + 1 + i`): at each row, plain decoding's step chooses
+/// the token after it (emitting it through `on_token`, which returns false
+/// to cancel) and the walk descends while a child of the node holds that
+/// token. An empty tree is plain decoding of one token.
+///
+/// `history` holds the prompt and every emitted token (the root's token
+/// last); the walk appends what it emits, and `generated` counts it.
+#[allow(clippy::too_many_arguments)]
+pub fn walk(
+    model: &Model,
+    logits: &mut LazyLogits,
+    tree: &TokenTree,
+    root: usize,
+    rules: &TokenRules,
+    history: &mut Vec<u32>,
+    generated: &mut usize,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+) -> Result<Walk, EngineError> {
+    let mut path = vec![root];
+    let mut node = None;
+    loop {
+        let row = *path.last().expect("the path starts at the root");
+        let l = logits.row(model, row, || likeliest_path(tree, root, row))?;
+        let token = match next_token(rules, l, history, generated, on_token) {
+            Next::Token(t) => t,
+            Next::End(reason) => {
+                return Ok(Walk {
+                    path,
+                    rejected: false,
+                    finish: Some(reason),
+                })
+            }
+        };
+        match tree.child(node, token) {
+            Some(c) => {
+                node = Some(c);
+                path.push(root + 1 + c);
+            }
+            None => {
+                let rejected = tree.nodes.iter().any(|n| n.parent == node);
+                return Ok(Walk {
+                    path,
+                    rejected,
+                    finish: None,
+                });
+            }
+        }
+    }
+}
 
 /// The logits of a pass's rows, computed when they are needed. The output
 /// head is most of a row's cost (262k logits against a few million weights

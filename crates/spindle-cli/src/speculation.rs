@@ -1,12 +1,12 @@
-//! Speculative decoding options shared by `run` and `chat`.
+//! `--spec` and `--spec-budget`, parsed in one place for `run`, `chat` and
+//! `serve`: which drafter each sequence gets, and how large its trees may be.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use spindle_engine::spec::{
-    generate_speculative, Adaptive, Combined, DraftModelDrafter, Drafter, NgramDrafter,
-};
+use spindle_engine::speculative::{generate_speculative, DraftSource, Drafter, TreeBudget};
 use spindle_engine::{generate, GenerateOutput, GenerateRequest};
 use spindle_model::{KvCache, Model};
 
@@ -25,6 +25,7 @@ pub struct SpecArgs {
 }
 
 /// What `--spec` asked for.
+#[derive(Debug, Clone, PartialEq)]
 pub enum SpecMode {
     Off,
     Ngram,
@@ -33,6 +34,7 @@ pub enum SpecMode {
 }
 
 impl SpecArgs {
+    /// The mode, after checking `--spec` and `--spec-budget`.
     pub fn mode(&self) -> Result<SpecMode> {
         if !(1..=64).contains(&self.spec_budget) {
             bail!(
@@ -51,26 +53,21 @@ impl SpecArgs {
         })
     }
 
-    /// The drafter `--spec` names (`None` for plain decoding), checked
-    /// against the target model; `threads` for a draft model.
-    pub fn drafter(
-        &self,
-        target: &Model,
-        ctx: usize,
-        threads: usize,
-    ) -> Result<Option<Box<dyn Drafter>>> {
-        Ok(match self.mode()? {
-            SpecMode::Off => None,
-            SpecMode::Ngram => Some(Box::new(NgramDrafter::default())),
+    /// The largest tree per sequence, `None` for plain decoding.
+    pub fn tree_budget(&self) -> Result<Option<usize>> {
+        Ok((self.mode()? != SpecMode::Off).then_some(self.spec_budget))
+    }
+
+    /// Where drafts come from (`None` for plain decoding), checked against
+    /// the target model; `threads` for a draft model.
+    pub fn source(&self, target: &Model, threads: usize) -> Result<Option<DraftSource>> {
+        let source = match self.mode()? {
+            SpecMode::Off => return Ok(None),
+            SpecMode::Ngram => DraftSource::Ngram,
             SpecMode::DraftModel(path) => {
                 let draft = spindle_model::load(&path, threads)
                     .with_context(|| format!("cannot load the draft model {}", path.display()))?;
-                let d = DraftModelDrafter::new(draft.model, ctx)?;
-                d.check_vocab(target.config.vocab_size)?;
-                Some(Box::new(Combined::new(vec![
-                    Box::new(d),
-                    Box::new(NgramDrafter::default()),
-                ])))
+                DraftSource::Model(Arc::new(draft.model))
             }
             SpecMode::SelfDraft => {
                 // The first and last layers and every other one between.
@@ -78,13 +75,25 @@ impl SpecArgs {
                 let keep: Vec<usize> = (0..n)
                     .filter(|&l| l == 0 || l + 1 == n || l % 2 == 0)
                     .collect();
-                let d = DraftModelDrafter::new(target.with_layers(&keep, threads)?, ctx)?;
-                Some(Box::new(Combined::new(vec![
-                    Box::new(d),
-                    Box::new(NgramDrafter::default()),
-                ])))
+                DraftSource::Model(Arc::new(target.with_layers(&keep, threads)?))
             }
-        })
+        };
+        source.check_vocab(target.config.vocab_size)?;
+        Ok(Some(source))
+    }
+
+    /// The drafter of one sequence of up to `ctx` tokens (`None` for plain
+    /// decoding).
+    pub fn drafter(
+        &self,
+        target: &Model,
+        ctx: usize,
+        threads: usize,
+    ) -> Result<Option<Box<dyn Drafter>>> {
+        match self.source(target, threads)? {
+            Some(source) => Ok(Some(source.make(ctx)?)),
+            None => Ok(None),
+        }
     }
 }
 
@@ -103,7 +112,7 @@ pub fn generate_with(
             kv,
             req,
             d.as_mut(),
-            &mut Adaptive::new(budget),
+            &mut TreeBudget::new(budget),
             on_token,
         )?,
         None => generate(model, kv, req, on_token)?,

@@ -15,7 +15,7 @@
 //! back to it; a small probe every [`PROBE_EVERY`] plain passes lets `q`
 //! recover (at most a few percent of the time).
 
-use super::tree::TokenTree;
+use super::token_tree::TokenTree;
 
 /// Budgets considered (nodes beyond the pending token).
 const BUDGETS: [usize; 13] = [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
@@ -41,7 +41,7 @@ const SLOPE: f64 = 0.4;
 
 /// The adaptive budget policy of one generation.
 #[derive(Debug, Clone)]
-pub struct Adaptive {
+pub struct TreeBudget {
     /// Largest tree (default 16, at most 64).
     pub max_nodes: usize,
     /// Seconds of a one-row pass, running.
@@ -59,15 +59,15 @@ pub struct Adaptive {
     /// Seconds the drafter spends per drafted token, running (0 for n-gram
     /// lookup; most of a pass for a draft model).
     draft_token_seconds: f64,
-    /// [`Adaptive::draft_len`] asked for a probe: verify it whatever it is
+    /// [`TreeBudget::draft_len`] asked for a probe: verify it whatever it is
     /// worth.
     probing: bool,
 }
 
-impl Adaptive {
-    pub fn new(max_nodes: usize) -> Adaptive {
+impl TreeBudget {
+    pub fn new(max_nodes: usize) -> TreeBudget {
         let max_nodes = max_nodes.min(64);
-        Adaptive {
+        TreeBudget {
             max_nodes,
             one_row: None,
             per_row: None,
@@ -81,10 +81,10 @@ impl Adaptive {
 
     /// A policy that always verifies up to `max_nodes` nodes, whatever they
     /// cost: for tests and measurements.
-    pub fn fixed(max_nodes: usize) -> Adaptive {
-        Adaptive {
+    pub fn fixed(max_nodes: usize) -> TreeBudget {
+        TreeBudget {
             fixed: true,
-            ..Adaptive::new(max_nodes)
+            ..TreeBudget::new(max_nodes)
         }
     }
 
@@ -95,7 +95,7 @@ impl Adaptive {
         one + per_row * rows.saturating_sub(1) as f64
     }
 
-    /// The number of nodes of `tree` (built with [`Adaptive::max_nodes`]) to
+    /// The number of nodes of `tree` (built with [`TreeBudget::max_nodes`]) to
     /// verify in the next pass: a budget for [`TokenTree::cut`].
     pub fn choose(&mut self, tree: &TokenTree) -> usize {
         if self.fixed {
@@ -152,7 +152,7 @@ impl Adaptive {
     /// How many tokens to ask the drafter for (at most `max`): the chain
     /// length that maximises expected tokens per second once drafting time
     /// counts too. 0 when drafting cannot pay (then only a probe drafts, as
-    /// in [`Adaptive::choose`]).
+    /// in [`TreeBudget::choose`]).
     pub fn draft_len(&mut self, max: usize) -> usize {
         if self.fixed || max == 0 {
             return max;
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn accepted_drafts_grow_the_tree_and_rejected_ones_end_it() {
-        let mut a = Adaptive::new(16);
+        let mut a = TreeBudget::new(16);
         a.record_pass(1, 0.010);
         let t = tree(0.9, 16);
         // Before any evidence (go on 0.6): one node pays best at 0.4 of a
@@ -306,7 +306,7 @@ mod tests {
 
     #[test]
     fn siblings_share_the_reach_of_their_parent() {
-        let mut a = Adaptive::new(16);
+        let mut a = TreeBudget::new(16);
         a.record_pass(1, 0.010);
         for _ in 0..40 {
             a.record_acceptance(8, false);
@@ -325,7 +325,7 @@ mod tests {
 
     #[test]
     fn costly_drafters_draft_less() {
-        let mut a = Adaptive::new(16);
+        let mut a = TreeBudget::new(16);
         a.record_pass(1, 0.010);
         for _ in 0..40 {
             a.record_acceptance(8, false);
@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn expensive_rows_shrink_the_tree() {
-        let mut a = Adaptive::new(16);
+        let mut a = TreeBudget::new(16);
         a.record_pass(1, 0.010);
         let cheap = a.choose(&tree(0.8, 16));
         for n in 2..=17 {
@@ -357,7 +357,7 @@ mod tests {
 
     #[test]
     fn failing_drafts_fall_back_to_plain_with_rare_probes() {
-        let mut a = Adaptive::new(16);
+        let mut a = TreeBudget::new(16);
         a.record_pass(1, 0.010);
         let t = tree(0.9, 16);
         for _ in 0..50 {

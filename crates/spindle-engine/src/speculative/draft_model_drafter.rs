@@ -11,7 +11,9 @@
 //! their window so that the rollback is possible; a longer one re-prefills
 //! the sequence from the start.
 
-use spindle_model::{Batch, KvCache, Model, ModelError, SeqId};
+use std::sync::Arc;
+
+use spindle_model::{Batch, KvCache, KvLayout, Model, ModelError, SeqId};
 
 use crate::error::EngineError;
 use crate::sampler::argmax;
@@ -64,7 +66,8 @@ impl Pick {
 
 /// A [`Drafter`] running a draft model greedily on its own KV cache.
 pub struct DraftModelDrafter {
-    model: Model,
+    /// Shared by every sequence's drafter (the server has one per slot).
+    model: Arc<Model>,
     kv: KvCache,
     seq: SeqId,
     /// Tokens committed to the draft cache, in order.
@@ -80,10 +83,9 @@ impl DraftModelDrafter {
     /// A drafter owning `model`, with a KV cache of one sequence of up to
     /// `max_len` tokens (allocated now) whose sliding-window layers can roll
     /// back [`ROLLBACK`] tokens.
-    pub fn new(model: Model, max_len: usize) -> Result<Self, EngineError> {
-        let mut layout = model.kv_layout(model.default_kv_type(), max_len, 1);
-        layout.rollback = ROLLBACK;
-        let mut kv = KvCache::new(layout);
+    pub fn new(model: impl Into<Arc<Model>>, max_len: usize) -> Result<Self, EngineError> {
+        let model = model.into();
+        let mut kv = KvCache::new(Self::layout(&model, max_len));
         let seq = kv.add_sequence()?;
         Ok(DraftModelDrafter {
             model,
@@ -94,6 +96,14 @@ impl DraftModelDrafter {
             min_prob: DEFAULT_MIN_PROB,
             stats: DraftModelStats::default(),
         })
+    }
+
+    /// The KV cache of one drafter: one sequence of `max_len` tokens whose
+    /// sliding-window layers can roll back [`ROLLBACK`] tokens.
+    pub fn layout(model: &Model, max_len: usize) -> KvLayout {
+        let mut layout = model.kv_layout(model.default_kv_type(), max_len, 1);
+        layout.rollback = ROLLBACK;
+        layout
     }
 
     /// Sets the confidence under which drafting stops after the first token,

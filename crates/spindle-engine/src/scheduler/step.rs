@@ -1,0 +1,287 @@
+//! One pass over every running sequence: build the batch (each decoding
+//! sequence's pending token with the tree drafted after it, then prompt
+//! chunks up to the token budget), run it, and for each sequence commit
+//! what it keeps and emit its tokens: a prompt chunk whole, a score tree's
+//! scores, or the walk down its verified tree
+//! ([`crate::speculative::walk`], the same walk single-sequence decoding
+//! takes).
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use spindle_model::Batch;
+
+use super::engine::EngineLoop;
+use super::metrics::Metrics;
+use super::request::{Event, Finished, TokenLogprobs};
+use super::score_tree::{push_score_tree, read_scores, PlacedTree};
+use super::sequence::{Phase, Sequence};
+use crate::error::{EngineError, RequestError};
+use crate::generate::FinishReason;
+use crate::score::{log_softmax, top_k};
+use crate::speculative::draft_step::draft_depth;
+use crate::speculative::verify::{likeliest_path, push_tree, walk, LazyLogits};
+use crate::speculative::TokenTree;
+
+/// What one running sequence contributes to a pass.
+struct Part {
+    running: usize,
+    rows: Range<usize>,
+    /// Prompt tokens the rows feed (0 for a decode row).
+    prompt_tokens: usize,
+    /// The row whose logits choose the next token, if any.
+    logits_row: Option<usize>,
+    /// The drafted tree verified after the pending token (rows after it).
+    tree: TokenTree,
+    /// A request's score tree, behind its prompt's last chunk.
+    score: Option<PlacedTree>,
+}
+
+impl EngineLoop {
+    /// One pass over every running sequence.
+    pub(super) fn step(&mut self) {
+        let with_trees = self.make_room();
+        if self.running.iter().all(Sequence::is_finished) {
+            return;
+        }
+        let mut batch = Batch::new();
+        let mut parts = self.decode_parts(&mut batch, with_trees);
+        parts.extend(self.prefill_parts(&mut batch));
+        if batch.is_empty() {
+            return;
+        }
+        let t = Instant::now();
+        let mut logits = match self.pass(&batch, &parts) {
+            Ok(l) => l,
+            Err(e) => {
+                // Nothing of the pass is committed; its requests end with
+                // the error and free their slots.
+                let e = RequestError::internal(format!("the forward pass failed: {e}"));
+                for p in &parts {
+                    self.fail(p.running, e.clone());
+                }
+                return;
+            }
+        };
+        self.metrics.passes.fetch_add(1, Ordering::Relaxed);
+        for p in parts {
+            if let Err(e) = self.finish_part(&p, &mut logits) {
+                self.fail(p.running, RequestError::internal(e.to_string()));
+            }
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        self.cost.record(batch.len(), seconds);
+        tracing::debug!(
+            rows = batch.len(),
+            sequences = self.running.len(),
+            ms = seconds * 1e3,
+            "pass"
+        );
+    }
+
+    /// Ends running sequence `i` with `e`.
+    fn fail(&mut self, i: usize, e: RequestError) {
+        let r = &mut self.running[i];
+        let _ = r.req.events.send(Event::Error(e));
+        r.phase = Phase::Finished;
+    }
+
+    /// Each decoding sequence's pending token, with the tree its drafter
+    /// proposes (`with_trees`) sized by its budget against its share of
+    /// the pass cost.
+    fn decode_parts(&mut self, batch: &mut Batch, with_trees: bool) -> Vec<Part> {
+        let max_len = self.kv.max_len();
+        let n_decode = self.running.iter().filter(|r| r.is_decoding()).count();
+        let cost = self.cost.fit();
+        let mut parts = Vec::new();
+        for (i, r) in self.running.iter_mut().enumerate() {
+            if !r.is_decoding() {
+                continue;
+            }
+            let p = r.history.len() - 1;
+            let tree = match &mut r.speculation {
+                Some(s) if with_trees => {
+                    if let Some((fixed, per_row)) = cost {
+                        // This sequence's share of the fixed cost, and what
+                        // each of its rows adds.
+                        s.budget
+                            .set_pass_cost(fixed / n_decode as f64 + per_row, per_row);
+                    }
+                    let depth = draft_depth(r.req.params.max_tokens - r.generated, max_len, p);
+                    s.draft(&r.history, depth).unwrap_or_else(|e| {
+                        // The walk decides the tokens either way.
+                        tracing::warn!("drafting failed, decoding plainly this pass: {e}");
+                        TokenTree::default()
+                    })
+                }
+                _ => TokenTree::default(),
+            };
+            let rows = push_tree(batch, r.seq, p, r.history[p], &tree);
+            parts.push(Part {
+                running: i,
+                logits_row: Some(rows.start),
+                rows,
+                prompt_tokens: 0,
+                tree,
+                score: None,
+            });
+        }
+        parts
+    }
+
+    /// Prompt chunks in the rows the budget leaves; a prompt's last chunk
+    /// carries its score tree, or asks for the logits of its last row.
+    fn prefill_parts(&mut self, batch: &mut Batch) -> Vec<Part> {
+        let budget = self.config.max_batch_tokens.saturating_sub(batch.len());
+        let mut parts = Vec::new();
+        for (i, take) in self.prefill_chunks(budget) {
+            let r = &self.running[i];
+            let Phase::Prefilling { fed, to } = r.phase else {
+                unreachable!("only prefilling sequences have chunks");
+            };
+            let last = fed + take == to;
+            let score_tree = r.req.score.as_ref().filter(|_| last);
+            let rows = batch.push_chain(r.seq, fed, &r.history[fed..fed + take], |j| {
+                last && j + 1 == take && score_tree.is_none()
+            });
+            let score = score_tree.map(|t| push_score_tree(batch, r.seq, rows.end - 1, t));
+            let logits_row = (last && score.is_none()).then(|| rows.end - 1);
+            parts.push(Part {
+                running: i,
+                rows,
+                prompt_tokens: take,
+                logits_row,
+                tree: TokenTree::default(),
+                score,
+            });
+        }
+        parts
+    }
+
+    /// The pass itself, and the head over the rows the walks will read
+    /// first: every prompt's last row and each tree's likeliest path.
+    fn pass(&mut self, batch: &Batch, parts: &[Part]) -> Result<LazyLogits, EngineError> {
+        let hidden = self.model.forward_hidden(batch, &mut self.kv)?;
+        let mut logits = LazyLogits::new(hidden);
+        let mut first: Vec<usize> = parts
+            .iter()
+            .filter_map(|p| p.logits_row.map(|row| likeliest_path(&p.tree, row, row)))
+            .flatten()
+            .collect();
+        for p in parts {
+            if let Some(s) = &p.score {
+                first.extend(&s.logits_rows);
+            }
+        }
+        logits.compute(&self.model, &first)?;
+        Ok(logits)
+    }
+
+    /// Commits what a sequence keeps of the pass and emits its tokens.
+    fn finish_part(&mut self, p: &Part, logits: &mut LazyLogits) -> Result<(), EngineError> {
+        let max_len = self.kv.max_len();
+        let r = &mut self.running[p.running];
+        // A prompt chunk is committed whole; a walk commits its path below.
+        if p.prompt_tokens > 0 {
+            let rows: Vec<usize> = p.rows.clone().collect();
+            self.kv.commit(r.seq, &rows)?;
+            if let Phase::Prefilling { fed, to } = r.phase {
+                r.phase = Phase::Prefilling {
+                    fed: fed + p.prompt_tokens,
+                    to,
+                };
+            }
+        }
+        if let Some(placed) = &p.score {
+            let tree = r.req.score.as_ref().expect("a score part has a tree");
+            let scores = read_scores(&self.model, logits, tree, placed)?;
+            let _ = r.req.events.send(Event::Scores(scores));
+            finish(&self.metrics, r, FinishReason::Stop);
+            return Ok(());
+        }
+        let Some(root) = p.logits_row else {
+            return Ok(());
+        };
+        let metrics = &*self.metrics;
+        let rules = r.req.params.rules(max_len);
+        let (events, arrived, last_token_at) = (&r.req.events, r.arrived, &mut r.last_token_at);
+        let logprobs = r.req.params.logprobs;
+        let mut emit = |token: u32, l: &[f32]| {
+            let logprobs = logprobs.map(|k| token_logprobs(l, token, k));
+            metrics.record_token(arrived, last_token_at);
+            events
+                .send(Event::Token {
+                    id: token,
+                    logprobs,
+                })
+                .is_ok()
+        };
+        let w = walk(
+            &self.model,
+            logits,
+            &p.tree,
+            root,
+            &rules,
+            &mut r.history,
+            &mut r.generated,
+            &mut emit,
+        )?;
+        if p.prompt_tokens == 0 {
+            self.kv.commit(r.seq, &w.path)?;
+        }
+        if let Some(s) = &mut r.speculation {
+            s.budget.record_acceptance(w.accepted(), w.rejected);
+        }
+        metrics.record_drafts(p.tree.len(), w.accepted());
+        match w.finish {
+            Some(reason) => finish(metrics, r, reason),
+            None => r.phase = Phase::Decoding,
+        }
+        Ok(())
+    }
+}
+
+/// Sends a request's final event and records its latency.
+pub(super) fn finish(metrics: &Metrics, r: &mut Sequence, reason: FinishReason) {
+    r.phase = Phase::Finished;
+    let _ = r.req.events.send(Event::Finished(Finished {
+        reason,
+        prompt_tokens: r.req.prompt.len(),
+        completion_tokens: r.generated,
+    }));
+    metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+    metrics.observe(&metrics.e2e_latency, r.arrived.elapsed().as_secs_f64());
+}
+
+/// Log-softmax of `logits` at `token`, and the `k` likeliest tokens (as
+/// `spindle score` computes them).
+pub(crate) fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let lp = log_softmax(logits);
+    TokenLogprobs {
+        logprob: lp[token as usize] as f32,
+        top: top_k(&lp, k)
+            .into_iter()
+            .map(|t| (t.id, t.logprob as f32))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_in_order() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        let want = |i: usize| (logits[i] as f64 - z.ln()) as f32;
+        let lp = token_logprobs(&logits, 2, 3);
+        assert!((lp.logprob - want(2)).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        // Ties keep the lower id first.
+        assert_eq!(ids, vec![1, 3, 2]);
+        assert!((lp.top[0].1 - want(1)).abs() < 1e-6);
+        assert!(token_logprobs(&logits, 0, 0).top.is_empty());
+    }
+}
