@@ -510,8 +510,10 @@ impl OutPtr {
     /// No other live slice from this `OutPtr` may overlap the range.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
-        assert!(start <= self.len && len <= self.len - start);
-        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+        unsafe {
+            assert!(start <= self.len && len <= self.len - start);
+            std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+        }
     }
 
     /// `out[i] = v`, checked against the buffer's bounds.
@@ -521,7 +523,9 @@ impl OutPtr {
     /// from this `OutPtr` covers it.
     #[inline]
     pub(crate) unsafe fn set(&self, i: usize, v: f32) {
-        assert!(i < self.len);
-        *self.ptr.add(i) = v;
+        unsafe {
+            assert!(i < self.len);
+            *self.ptr.add(i) = v;
+        }
     }
 }

@@ -153,7 +153,7 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn load_256(p: *const u8) -> __m256i {
-        _mm256_lddqu_si256(p.cast())
+        unsafe { _mm256_lddqu_si256(p.cast()) }
     }
 
     /// Loads 16 bytes from `p`.
@@ -162,7 +162,7 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn load_128(p: *const u8) -> __m128i {
-        _mm_lddqu_si128(p.cast())
+        unsafe { _mm_lddqu_si128(p.cast()) }
     }
 
     /// Loads 8 floats from `p`.
@@ -171,7 +171,7 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn load_ps(p: *const f32) -> __m256 {
-        _mm256_castsi256_ps(_mm256_lddqu_si256(p.cast()))
+        unsafe { _mm256_castsi256_ps(_mm256_lddqu_si256(p.cast())) }
     }
 
     /// Reads a little-endian u16 from `p` (any alignment).
@@ -179,7 +179,7 @@ pub(crate) mod avx2 {
     /// SAFETY (for callers): `p..p + 2` is readable.
     #[inline(always)]
     pub(crate) unsafe fn read_u16(p: *const u8) -> u16 {
-        u16::from_le_bytes([*p, *p.add(1)])
+        unsafe { u16::from_le_bytes([*p, *p.add(1)]) }
     }
 
     /// The 8 lanes of a float vector.
@@ -188,9 +188,11 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn lanes_ps(v: __m256) -> [f32; 8] {
-        let mut out = [0.0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), v);
-        out
+        unsafe {
+            let mut out = [0.0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), v);
+            out
+        }
     }
 
     /// [`super::tree8`] of the 8 lanes, in registers: the same additions in

@@ -35,6 +35,6 @@ impl Block32 for Q8_0 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i {
-        crate::simd::avx2::load_256(p.add(2))
+        unsafe { crate::simd::avx2::load_256(p.add(2)) }
     }
 }
