@@ -507,25 +507,27 @@ impl OutPtr {
     /// `out[start..start + len]`, checked against the buffer's bounds.
     ///
     /// # Safety
-    /// No other live slice from this `OutPtr` may overlap the range.
+    /// The buffer this `OutPtr` was made from is alive and not otherwise
+    /// accessed (true within the matmul call that made it), and while the
+    /// slice lives no other slice from this `OutPtr` overlaps the range and
+    /// no [`set`](Self::set) writes into it.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
-        unsafe {
-            assert!(start <= self.len && len <= self.len - start);
-            std::slice::from_raw_parts_mut(self.ptr.add(start), len)
-        }
+        assert!(start <= self.len && len <= self.len - start);
+        // SAFETY: in bounds (checked above); exclusive by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 
     /// `out[i] = v`, checked against the buffer's bounds.
     ///
     /// # Safety
-    /// No other thread writes element `i` during the call, and no live slice
-    /// from this `OutPtr` covers it.
+    /// The buffer this `OutPtr` was made from is alive and not otherwise
+    /// accessed; no other thread writes element `i` during the call, and no
+    /// live slice from this `OutPtr` covers it.
     #[inline]
     pub(crate) unsafe fn set(&self, i: usize, v: f32) {
-        unsafe {
-            assert!(i < self.len);
-            *self.ptr.add(i) = v;
-        }
+        assert!(i < self.len);
+        // SAFETY: in bounds (checked above); exclusive by the caller's promise.
+        unsafe { *self.ptr.add(i) = v }
     }
 }

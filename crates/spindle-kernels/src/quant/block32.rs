@@ -41,7 +41,7 @@ pub(crate) trait Block32 {
     /// else the unsigned `u = value + OFFSET`.
     ///
     /// # Safety
-    /// AVX2 must be available and `p..p + BYTES` readable.
+    /// AVX2, FMA and F16C available; `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i;
 }
@@ -92,6 +92,9 @@ impl<B: Block32> MultiRow for B {
         }
     }
 
+    /// # Safety
+    /// As [`MultiRow::pack_group`]: AVX2, FMA and F16C available; `row`
+    /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut super::multi::WGroup) {
@@ -112,7 +115,7 @@ pub(crate) mod avx2 {
     /// [`offset_fix`]).
     ///
     /// # Safety
-    /// AVX2 available; `w..w + BYTES` and `a..a + 32` readable.
+    /// AVX2, FMA and F16C available; `w..w + BYTES` and `a..a + 32` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block_dot<B: Block32>(w: *const u8, a: *const i8) -> __m256i {
@@ -170,7 +173,7 @@ pub(crate) mod avx2 {
     /// the values. `asum` holds the activation block sums (as int32).
     ///
     /// # Safety
-    /// AVX2 available.
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn offset_fix<B: Block32>(isum: __m256i, asum: __m256i) -> __m256i {

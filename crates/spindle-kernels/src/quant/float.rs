@@ -42,7 +42,7 @@ pub(crate) trait FloatElem {
     /// Eight elements from `p`, widened to f32.
     ///
     /// # Safety
-    /// AVX2 and F16C must be available; `p..p + 8 * BYTES` readable.
+    /// AVX2, FMA and F16C available; `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8_avx2(p: *const u8) -> std::arch::x86_64::__m256;
 }
@@ -62,6 +62,9 @@ impl FloatElem for F32 {
         f32::from_le_bytes(*arr::<4>(bytes))
     }
 
+    /// # Safety
+    /// As [`FloatElem::load8_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -78,6 +81,9 @@ impl FloatElem for F16 {
         super::f16_le(*arr::<2>(bytes))
     }
 
+    /// # Safety
+    /// As [`FloatElem::load8_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -97,6 +103,9 @@ impl FloatElem for Bf16 {
         f32::from_bits((u16::from_le_bytes(*arr::<2>(bytes)) as u32) << 16)
     }
 
+    /// # Safety
+    /// As [`FloatElem::load8_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -149,7 +158,8 @@ const SCALAR_ROWS: usize = 4;
 ///
 /// # Safety
 /// The caller owns output elements `(i, r)` for `i` in `i0..i1`, `r` in
-/// `r0..r1`; shapes are consistent.
+/// `r0..r1` (no other thread writes them), as [`OutPtr::set`] requires.
+/// (Reads are bounds-checked.)
 pub(crate) unsafe fn range_scalar<E: FloatElem>(
     job: &FloatJob<'_>,
     r0: usize,
@@ -157,27 +167,26 @@ pub(crate) unsafe fn range_scalar<E: FloatElem>(
     i0: usize,
     i1: usize,
 ) {
-    unsafe {
-        let cols = job.cols;
-        for r in r0..r1 {
-            let row = &job.data[r * job.row_bytes..(r + 1) * job.row_bytes];
-            let mut i = i0;
-            while i < i1 {
-                let ct = (i1 - i).min(SCALAR_ROWS);
-                let xs = &job.x[i * cols..(i + ct) * cols];
-                let mut lanes = [[0.0f32; 32]; SCALAR_ROWS];
-                for (k, b) in row.chunks_exact(E::BYTES).enumerate() {
-                    let wv = E::get(b);
-                    for (c, l) in lanes[..ct].iter_mut().enumerate() {
-                        let lane = &mut l[k % 32];
-                        *lane = wv.mul_add(xs[c * cols + k], *lane);
-                    }
+    let cols = job.cols;
+    for r in r0..r1 {
+        let row = &job.data[r * job.row_bytes..(r + 1) * job.row_bytes];
+        let mut i = i0;
+        while i < i1 {
+            let ct = (i1 - i).min(SCALAR_ROWS);
+            let xs = &job.x[i * cols..(i + ct) * cols];
+            let mut lanes = [[0.0f32; 32]; SCALAR_ROWS];
+            for (k, b) in row.chunks_exact(E::BYTES).enumerate() {
+                let wv = E::get(b);
+                for (c, l) in lanes[..ct].iter_mut().enumerate() {
+                    let lane = &mut l[k % 32];
+                    *lane = wv.mul_add(xs[c * cols + k], *lane);
                 }
-                for (c, l) in lanes[..ct].iter().enumerate() {
-                    job.out.set((i + c) * job.rows + r, tree32(l));
-                }
-                i += ct;
             }
+            for (c, l) in lanes[..ct].iter().enumerate() {
+                // SAFETY: the caller owns output `(i + c, r)`.
+                unsafe { job.out.set((i + c) * job.rows + r, tree32(l)) };
+            }
+            i += ct;
         }
     }
 }
@@ -254,7 +263,9 @@ pub(crate) mod avx2 {
     /// `i..i + C`, writing the outputs.
     ///
     /// # Safety
-    /// As [`tile`]; the caller owns those output elements.
+    /// AVX2, FMA and F16C available; `job`'s shapes are consistent (as
+    /// [`range`] asserts) and weight rows `r..r + R` and activation rows
+    /// `i..i + C` exist; the caller owns those output elements.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_tile<E: FloatElem, const R: usize, const C: usize>(

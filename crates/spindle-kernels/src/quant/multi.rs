@@ -154,7 +154,8 @@ pub(crate) trait MultiRow {
     /// weight row at `row`.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C available; `row` covers `nb` blocks.
+    /// AVX2, FMA and F16C available; `row` covers `nb` blocks (a whole row,
+    /// [`row_bytes(nb)`](Self::row_bytes) bytes) and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut WGroup);
 }
@@ -246,7 +247,8 @@ fn with_buffer<E: Copy, R>(
 ///
 /// # Safety
 /// The caller owns output elements `(i, r)` for `i` in `i0..i1`, `r` in
-/// `r0..r1` (no other thread writes them); shapes are consistent.
+/// `r0..r1` (no other thread writes them), as [`OutPtr::set`] requires.
+/// (Reads are bounds-checked.)
 pub(crate) unsafe fn range_scalar<T: MultiRow>(
     job: &QuantJob<'_>,
     r0: usize,
@@ -254,19 +256,18 @@ pub(crate) unsafe fn range_scalar<T: MultiRow>(
     i0: usize,
     i1: usize,
 ) {
-    unsafe {
-        let nb = job.cols / 32;
-        with_buffer(&DECODED, nb, Decoded::default(), |dec| {
-            for r in r0..r1 {
-                let row = &job.data[r * job.row_bytes..(r + 1) * job.row_bytes];
-                T::decode_row(row, dec);
-                for i in i0..i1 {
-                    let Some(a) = job.acts.row(i) else { return };
-                    job.out.set(i * job.rows + r, dot_decoded::<T>(dec, a));
-                }
+    let nb = job.cols / 32;
+    with_buffer(&DECODED, nb, Decoded::default(), |dec| {
+        for r in r0..r1 {
+            let row = &job.data[r * job.row_bytes..(r + 1) * job.row_bytes];
+            T::decode_row(row, dec);
+            for i in i0..i1 {
+                let Some(a) = job.acts.row(i) else { return };
+                // SAFETY: the caller owns output `(i, r)`.
+                unsafe { job.out.set(i * job.rows + r, dot_decoded::<T>(dec, a)) };
             }
-        });
-    }
+        }
+    });
 }
 
 /// Activation rows per chunk (a multiple of [`NR`]) for activation rows of
@@ -329,7 +330,7 @@ mod avx2 {
     /// `v[j]` (an 8x8 transpose of 32-bit words).
     ///
     /// # Safety
-    /// AVX2 available; `dst..dst + 256` writable.
+    /// AVX2, FMA and F16C available; `dst..dst + 256` writable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn store_vertical(v: &[__m256i; 8], dst: *mut u8) {
@@ -371,7 +372,7 @@ mod avx2 {
     /// order: lanes `[t0, t2, t4, t6, t1, t3, t5, t7]`, `t_j = tree8(v[j])`.
     ///
     /// # Safety
-    /// AVX available.
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn tree8_x8(v: &[__m256; 8]) -> __m256 {
@@ -405,7 +406,7 @@ mod avx2 {
     /// bytes `8k..8k+8` of `v[j]`.
     ///
     /// # Safety
-    /// AVX2 available; `dst..dst + 128` writable.
+    /// AVX2, FMA and F16C available; `dst..dst + 128` writable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn store_half(v: &[__m256i; 8], dst: *mut u8) {
@@ -431,7 +432,7 @@ mod avx2 {
     /// row).
     ///
     /// # Safety
-    /// AVX2 available; `dst..dst + 256` writable.
+    /// AVX2, FMA and F16C available; `dst..dst + 256` writable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn store_group(v: &[__m256i; 8], m: usize, dst: *mut u8) {
@@ -642,7 +643,10 @@ mod avx2 {
     /// stride `wstride`) and activation rows `i..i + C`, writing the outputs.
     ///
     /// # Safety
-    /// As [`tile`]; the caller owns those output elements.
+    /// As [`tile`]: AVX2, FMA and F16C available, `w` covers `ng` groups of
+    /// `R` rows at stride `wstride`, `job.packed` holds activation rows
+    /// `i..i + C` (`ng` groups each); and the caller owns those output
+    /// elements.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_tile<T: MultiRow, const R: usize, const C: usize>(

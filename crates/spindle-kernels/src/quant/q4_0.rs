@@ -38,6 +38,9 @@ impl Block32 for Q4_0 {
         v
     }
 
+    /// # Safety
+    /// As [`Block32::values_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -99,6 +99,9 @@ impl MultiRow for Q4K {
         k_decode_row(row, BLOCK_BYTES, out, value);
     }
 
+    /// # Safety
+    /// As [`MultiRow::pack_group`]: AVX2, FMA and F16C available; `row`
+    /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
@@ -119,7 +122,7 @@ pub(crate) mod avx2 {
     /// unpacked a 32-bit word at a time.
     ///
     /// # Safety
-    /// AVX2 available; `bp + 4..bp + 16` readable.
+    /// AVX2, FMA and F16C available; `bp + 4..bp + 16` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn scales_mins(bp: *const u8) -> __m128i {
@@ -218,7 +221,8 @@ pub(crate) mod avx2 {
     /// values, no scales) with the 256 values at `aq`; lane `j`: sub-block `j`.
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` and
+    /// `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {

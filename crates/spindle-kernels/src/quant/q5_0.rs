@@ -42,6 +42,9 @@ impl Block32 for Q5_0 {
         v
     }
 
+    /// # Safety
+    /// As [`Block32::values_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]

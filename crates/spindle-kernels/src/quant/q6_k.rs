@@ -116,6 +116,9 @@ impl MultiRow for Q6K {
         }
     }
 
+    /// # Safety
+    /// As [`MultiRow::pack_group`]: AVX2, FMA and F16C available; `row`
+    /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
@@ -153,7 +156,7 @@ pub(crate) mod avx2 {
     /// `bp` (block `t`: group `t % 4` of half `t / 4`).
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(bp: *const u8) -> [__m256i; 8] {
@@ -221,7 +224,8 @@ pub(crate) mod avx2 {
     /// is taken off per pair of products (in int16, exact), before the scales.
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` and
+    /// `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {

@@ -233,8 +233,8 @@ mod avx2 {
     /// NaN to 0 and the same clamp.
     ///
     /// # Safety
-    /// AVX2 must be available; `bl` is a multiple of 32, `x.len() ==
-    /// q.len() == d.len() * bl`.
+    /// AVX2, FMA and F16C available. (The shapes, `bl` a multiple of 32 and
+    /// `x.len() == q.len() == d.len() * bl`, are asserted.)
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], bl: usize) {
         unsafe {
