@@ -13,7 +13,7 @@
 //! are multiplied as unsigned `u = q + OFFSET` and `OFFSET * sum(a)` is taken
 //! off using the activation block sums, which is the same integer.
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le};
 use crate::simd::tree8;
@@ -33,7 +33,7 @@ pub(crate) trait Block32 {
     const OFFSET: i32;
 
     /// Multi-row kernel: `maddubs` steps whose int16 pair sums fit before
-    /// widening (see [`super::multi`]): 8 for 4-bit `u`, 4 for 5-bit, 1 for
+    /// widening (see [`super::multi_row`]): 8 for 4-bit `u`, 4 for 5-bit, 1 for
     /// full bytes.
     const STEPS: usize;
 
@@ -97,7 +97,7 @@ impl<B: Block32> MultiRow for B {
     /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut super::multi::WGroup) {
+    unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut super::multi_row::WGroup) {
         unsafe { avx2::pack_group::<B>(row, g, nb, out) }
     }
 }
@@ -105,7 +105,7 @@ impl<B: Block32> MultiRow for B {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::Block32;
-    use crate::quant::multi::{store_group, WGroup};
+    use crate::quant::multi_row::{store_group, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;

@@ -314,7 +314,7 @@ pub(crate) mod avx2 {
             );
             // Activation rows in chunks that stay in L2 while every weight tile
             // runs against them.
-            let chunk = crate::quant::multi::act_chunk_rows(4 * job.cols);
+            let chunk = crate::quant::multi_row::act_chunk_rows(4 * job.cols);
             let mut c0 = i0;
             while c0 < i1 {
                 let c1 = (c0 + chunk).min(i1);

@@ -11,7 +11,7 @@
 //! lane `b % 8`, so a super-block fills the 8 lanes once (see
 //! [`fold_scaled_min`](super::fold_scaled_min)).
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
 
@@ -104,7 +104,7 @@ impl MultiRow for Q4K {
     /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi_row::WGroup) {
         unsafe { avx2::pack_group(row.add(g * BLOCK_BYTES), out) }
     }
 }
@@ -112,7 +112,7 @@ impl MultiRow for Q4K {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
-    use crate::quant::multi::{store_vertical, WGroup};
+    use crate::quant::multi_row::{store_vertical, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;

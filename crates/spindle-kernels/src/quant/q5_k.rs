@@ -10,7 +10,7 @@
 //! Dot products take `Block32` activations and fold exactly as Q4_K's: sub-block
 //! `j` of super-block `s` into lane `(8s + j) % 8`.
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q4_k::k_decode_row;
 use super::q8_act::ActRow;
 use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
@@ -88,7 +88,7 @@ impl MultiRow for Q5K {
     /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi_row::WGroup) {
         unsafe { avx2::pack_group(row.add(g * BLOCK_BYTES), out) }
     }
 }
@@ -96,7 +96,7 @@ impl MultiRow for Q5K {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
-    use crate::quant::multi::{store_vertical, WGroup};
+    use crate::quant::multi_row::{store_vertical, WGroup};
     use crate::quant::q4_k::avx2::{fold_super, k_params};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;

@@ -18,7 +18,7 @@
 //! `scale[2t] * dot_lo + scale[2t+1] * dot_hi` folds into lane `b % 8` with
 //! [`fold_scaled`].
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le, fold_scaled};
 use crate::simd::tree8;
@@ -121,7 +121,7 @@ impl MultiRow for Q6K {
     /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi_row::WGroup) {
         unsafe { avx2::pack_group(row.add(g * BLOCK_BYTES), out) }
     }
 }
@@ -129,7 +129,7 @@ impl MultiRow for Q6K {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
-    use crate::quant::multi::{store_vertical, WGroup};
+    use crate::quant::multi_row::{store_vertical, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
