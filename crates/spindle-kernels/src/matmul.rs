@@ -1,3 +1,9 @@
+// One file (a little over 500 lines) on purpose: the entry point, the kernel
+// table and the work split are one argument. Each output element is computed
+// by one thread with the same operations (batch invariance, below), and the
+// soundness of every `unsafe` call here (ISA checked in `matmul_with_isa`,
+// outputs disjoint by the split, `OutPtr`) rests on all three together.
+
 //! `out = x · Wᵀ` for a weight matrix in any supported type.
 //!
 //! Quantized weights: each activation row is quantized once per call to int8
@@ -9,10 +15,10 @@
 //! takes a contiguous range and, tile by tile, runs the row against the tile.
 //!
 //! Several rows (prefill, batches, verification): the multi-row kernels of
-//! `quant::multi_row` (and [`float`]) decode each weight block once per chunk of
-//! activation rows and multiply it against register tiles of 4 weight rows x
-//! 2 activation rows. The threads take work items (a chunk of activation rows
-//! x a block of weight-row tiles) from a shared counter; activations are
+//! `quant::multi_row` (and [`float`]) decode each weight block once per chunk
+//! of activation rows and multiply it against register tiles of 4 weight rows
+//! x 2 activation rows. The threads take work items (a chunk of activation
+//! rows x a block of weight-row tiles) from a shared counter; activations are
 //! quantized (and packed) once per call, before the split.
 //!
 //! **Batch invariance**: `out[i, r]` is computed by one thread, by the same

@@ -1,3 +1,9 @@
+// One file (over 500 lines) on purpose: the packed layouts (`WGroup`,
+// `ActGroup`), the code that packs them and the micro-kernel that reads them
+// are one contract, and the scalar path beside them must do the same float
+// operations bit for bit. Kept together, a change to one is made and reviewed
+// with the others.
+
 //! Multi-row quantized matmul: each weight block is decoded once per call (per
 //! chunk of activation rows) and multiplied against many activation rows.
 //!
