@@ -203,6 +203,10 @@ fn tree8(a: &[f32; 8]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    /// [`super::dot`] in AVX2: the same lanes, fused multiply-adds and tree.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
         let n = q.len().min(k.len());
@@ -233,7 +237,12 @@ mod avx2 {
         super::tree32(&lanes)
     }
 
-    /// Output chunks of 32 stay in registers while every key streams by.
+    /// [`super::weighted_sum`] in AVX2. Output chunks of 32 stay in
+    /// registers while every key streams by.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available; `out.len()` a multiple of 32 (the stores into
+    /// `out` are unchecked; each value row is sliced, so a short one panics).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn weighted_sum(w: &[f32], values: &[&[f32]], out: &mut [f32]) {
         let d = out.len();
@@ -254,6 +263,10 @@ mod avx2 {
         }
     }
 
+    /// [`super::axpy`] in AVX2.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn axpy(w: f32, v: &[f32], out: &mut [f32]) {
         let n = v.len().min(out.len());

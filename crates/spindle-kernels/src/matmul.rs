@@ -1,3 +1,9 @@
+// One file (a little over 500 lines) on purpose: the entry point, the kernel
+// table and the work split are one argument. Each output element is computed
+// by one thread with the same operations (batch invariance, below), and the
+// soundness of every `unsafe` call here (ISA checked in `matmul_with_isa`,
+// outputs disjoint by the split, `OutPtr`) rests on all three together.
+
 //! `out = x · Wᵀ` for a weight matrix in any supported type.
 //!
 //! Quantized weights: each activation row is quantized once per call to int8
@@ -9,10 +15,10 @@
 //! takes a contiguous range and, tile by tile, runs the row against the tile.
 //!
 //! Several rows (prefill, batches, verification): the multi-row kernels of
-//! `quant::multi` (and [`float`]) decode each weight block once per chunk of
-//! activation rows and multiply it against register tiles of 4 weight rows x
-//! 2 activation rows. The threads take work items (a chunk of activation rows
-//! x a block of weight-row tiles) from a shared counter; activations are
+//! `quant::multi_row` (and [`float`]) decode each weight block once per chunk
+//! of activation rows and multiply it against register tiles of 4 weight rows
+//! x 2 activation rows. The threads take work items (a chunk of activation
+//! rows x a block of weight-row tiles) from a shared counter; activations are
 //! quantized (and packed) once per call, before the split.
 //!
 //! **Batch invariance**: `out[i, r]` is computed by one thread, by the same
@@ -21,7 +27,7 @@
 //! results are bit-identical across all of these.
 
 use crate::error::KernelError;
-use crate::quant::multi::{self, ActGroup, PackActsFn, QuantJob, QuantRangeFn, MR};
+use crate::quant::multi_row::{self, ActGroup, PackActsFn, QuantJob, QuantRangeFn, MR};
 use crate::quant::q8_act::{ActFormat, ActRow, QuantizedActs};
 use crate::quant::{block32, checked_bytes, float, q4_0, q4_k, q5_0, q5_k, q6_k, q8_0};
 use crate::simd::{detected_isa, Isa};
@@ -202,7 +208,7 @@ pub fn matmul_with_isa(
                             packed,
                             out: &out,
                         };
-                        let act_row_bytes = multi::packed_row_bytes(w.cols);
+                        let act_row_bytes = multi_row::packed_row_bytes(w.cols);
                         run_split_multi(
                             pool,
                             &shape,
@@ -282,19 +288,19 @@ enum Kernel {
 }
 
 /// The scalar multi-row kernel of quantized type `T`.
-fn scalar_multi<T: multi::MultiRow>() -> QuantMulti {
+fn scalar_multi<T: multi_row::MultiRow>() -> QuantMulti {
     QuantMulti {
         pack: None,
-        range: multi::range_scalar::<T>,
+        range: multi_row::range_scalar::<T>,
     }
 }
 
 /// The AVX2 multi-row kernel of quantized type `T`.
 #[cfg(target_arch = "x86_64")]
-fn avx2_multi<T: multi::MultiRow>() -> QuantMulti {
+fn avx2_multi<T: multi_row::MultiRow>() -> QuantMulti {
     QuantMulti {
-        pack: Some(multi::pack_acts::<T>),
-        range: multi::range_avx2::<T>,
+        pack: Some(multi_row::pack_acts::<T>),
+        range: multi_row::range_avx2::<T>,
     }
 }
 
@@ -373,10 +379,10 @@ fn run_split_multi(
     let blocks = tiles.div_ceil(block_tiles);
     // Chunks of activation rows; smaller ones when there are too few blocks
     // to keep every thread busy.
-    let mut chunk = multi::act_chunk_rows(act_row_bytes);
+    let mut chunk = multi_row::act_chunk_rows(act_row_bytes);
     if blocks < 2 * threads {
         let want_chunks = (2 * threads).div_ceil(blocks);
-        chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(multi::NR));
+        chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(multi_row::NR));
     }
     let chunks = n.div_ceil(chunk);
     let items = chunks * blocks;
@@ -507,21 +513,27 @@ impl OutPtr {
     /// `out[start..start + len]`, checked against the buffer's bounds.
     ///
     /// # Safety
-    /// No other live slice from this `OutPtr` may overlap the range.
+    /// The buffer this `OutPtr` was made from is alive and not otherwise
+    /// accessed (true within the matmul call that made it), and while the
+    /// slice lives no other slice from this `OutPtr` overlaps the range and
+    /// no [`set`](Self::set) writes into it.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
         assert!(start <= self.len && len <= self.len - start);
-        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+        // SAFETY: in bounds (checked above); exclusive by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 
     /// `out[i] = v`, checked against the buffer's bounds.
     ///
     /// # Safety
-    /// No other thread writes element `i` during the call, and no live slice
-    /// from this `OutPtr` covers it.
+    /// The buffer this `OutPtr` was made from is alive and not otherwise
+    /// accessed; no other thread writes element `i` during the call, and no
+    /// live slice from this `OutPtr` covers it.
     #[inline]
     pub(crate) unsafe fn set(&self, i: usize, v: f32) {
         assert!(i < self.len);
-        *self.ptr.add(i) = v;
+        // SAFETY: in bounds (checked above); exclusive by the caller's promise.
+        unsafe { *self.ptr.add(i) = v }
     }
 }

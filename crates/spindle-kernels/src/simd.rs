@@ -149,54 +149,63 @@ pub(crate) mod avx2 {
 
     /// Loads 32 bytes from `p`.
     ///
-    /// SAFETY (for callers): AVX2 is available and `p..p + 32` is readable.
+    /// # Safety
+    /// AVX2, FMA and F16C available; `p..p + 32` readable (any alignment).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn load_256(p: *const u8) -> __m256i {
-        _mm256_lddqu_si256(p.cast())
+        unsafe { _mm256_lddqu_si256(p.cast()) }
     }
 
     /// Loads 16 bytes from `p`.
     ///
-    /// SAFETY (for callers): AVX2 is available and `p..p + 16` is readable.
+    /// # Safety
+    /// AVX2, FMA and F16C available; `p..p + 16` readable (any alignment).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn load_128(p: *const u8) -> __m128i {
-        _mm_lddqu_si128(p.cast())
+        unsafe { _mm_lddqu_si128(p.cast()) }
     }
 
     /// Loads 8 floats from `p`.
     ///
-    /// SAFETY (for callers): AVX2 is available and `p..p + 8` is readable.
+    /// # Safety
+    /// AVX2, FMA and F16C available; the 8 floats `p..p + 8` readable
+    /// (any alignment).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn load_ps(p: *const f32) -> __m256 {
-        _mm256_castsi256_ps(_mm256_lddqu_si256(p.cast()))
+        unsafe { _mm256_castsi256_ps(_mm256_lddqu_si256(p.cast())) }
     }
 
     /// Reads a little-endian u16 from `p` (any alignment).
     ///
-    /// SAFETY (for callers): `p..p + 2` is readable.
+    /// # Safety
+    /// `p..p + 2` readable (any alignment).
     #[inline(always)]
     pub(crate) unsafe fn read_u16(p: *const u8) -> u16 {
-        u16::from_le_bytes([*p, *p.add(1)])
+        unsafe { u16::from_le_bytes([*p, *p.add(1)]) }
     }
 
     /// The 8 lanes of a float vector.
     ///
-    /// SAFETY (for callers): AVX is available; the array bounds the write.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn lanes_ps(v: __m256) -> [f32; 8] {
-        let mut out = [0.0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), v);
-        out
+        unsafe {
+            let mut out = [0.0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), v);
+            out
+        }
     }
 
     /// [`super::tree8`] of the 8 lanes, in registers: the same additions in
     /// the same order (float addition is commutative bit for bit).
     ///
-    /// SAFETY (for callers): AVX is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn tree8_ps(v: __m256) -> f32 {
@@ -212,7 +221,8 @@ pub(crate) mod avx2 {
     /// int32 partial sums (exact). `a` must not contain -128 (the sign trick
     /// would overflow); `w` may.
     ///
-    /// SAFETY (for callers): AVX2 is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_i8_i8(w: __m256i, a: __m256i) -> __m256i {
@@ -227,7 +237,8 @@ pub(crate) mod avx2 {
     /// Dot products of 32 unsigned bytes `u` (each at most 63) with 32 signed
     /// bytes `a`, as 16 int16 pair sums (exact: 2 * 63 * 128 < 32768).
     ///
-    /// SAFETY (for callers): AVX2 is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn dot_u8_i8_pairs(u: __m256i, a: __m256i) -> __m256i {
@@ -237,7 +248,8 @@ pub(crate) mod avx2 {
     /// Horizontal sum of 8 int32 lanes (exact, wrapping never happens for the
     /// ranges the kernels produce).
     ///
-    /// SAFETY (for callers): AVX2 is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
@@ -250,7 +262,8 @@ pub(crate) mod avx2 {
     /// Given 8 vectors of 8 int32 each, returns one vector whose lane `k` is
     /// the sum of the lanes of `v_k` (exact integer adds).
     ///
-    /// SAFETY (for callers): AVX2 is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -280,7 +293,8 @@ pub(crate) mod avx2 {
 
     /// An f16 bit pattern as f32 (exact).
     ///
-    /// SAFETY (for callers): F16C is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn half_to_f32(bits: u16) -> f32 {
@@ -290,7 +304,8 @@ pub(crate) mod avx2 {
     /// Expands 32 bits into 32 bytes: byte `j` is 0xFF when bit `j` of `bits`
     /// is set, else 0.
     ///
-    /// SAFETY (for callers): AVX2 is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn bits_to_bytes(bits: u32) -> __m256i {
@@ -311,7 +326,8 @@ pub(crate) mod avx2 {
     /// Splits 16 packed bytes into 32 nibbles: bytes 0..16 are the low
     /// nibbles, bytes 16..32 the high nibbles.
     ///
-    /// SAFETY (for callers): AVX2 is available.
+    /// # Safety
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn nibbles_16(packed: __m128i) -> __m256i {

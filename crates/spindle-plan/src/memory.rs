@@ -40,7 +40,7 @@ fn mul(xs: &[u64]) -> u64 {
 }
 
 const F32: u64 = 4;
-/// Bytes of one `ActGroup` (spindle-kernels quant/multi.rs): 256 int8
+/// Bytes of one `ActGroup` (spindle-kernels quant/multi_row.rs): 256 int8
 /// values, 8 f32 scales, 8 i32 corrections, 8 f32 sums.
 const ACT_GROUP_BYTES: u64 = 256 + 32 + 32 + 32;
 /// Bytes of one `WGroup` (same file): 256 u8 + 8 f32 + 8 f32 + 256 i8 + 32 i16.
@@ -133,7 +133,7 @@ pub fn activation_terms(
             0
         };
         terms.push(("PACKED: activations packed as ActGroups", packed));
-        // quant/multi.rs WTILE: a tile of packed weight rows per thread.
+        // quant/multi_row.rs WTILE: a tile of packed weight rows per thread.
         terms.push((
             "WTILE: packed weight tile per thread",
             mul(&[threads, TILE_ROWS, widest.div_ceil(256), W_GROUP_BYTES]),

@@ -13,7 +13,7 @@
 //! are multiplied as unsigned `u = q + OFFSET` and `OFFSET * sum(a)` is taken
 //! off using the activation block sums, which is the same integer.
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le};
 use crate::simd::tree8;
@@ -33,7 +33,7 @@ pub(crate) trait Block32 {
     const OFFSET: i32;
 
     /// Multi-row kernel: `maddubs` steps whose int16 pair sums fit before
-    /// widening (see [`super::multi`]): 8 for 4-bit `u`, 4 for 5-bit, 1 for
+    /// widening (see [`super::multi_row`]): 8 for 4-bit `u`, 4 for 5-bit, 1 for
     /// full bytes.
     const STEPS: usize;
 
@@ -41,7 +41,7 @@ pub(crate) trait Block32 {
     /// else the unsigned `u = value + OFFSET`.
     ///
     /// # Safety
-    /// AVX2 must be available and `p..p + BYTES` readable.
+    /// AVX2, FMA and F16C available; `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i;
 }
@@ -92,17 +92,20 @@ impl<B: Block32> MultiRow for B {
         }
     }
 
+    /// # Safety
+    /// As [`MultiRow::pack_group`]: AVX2, FMA and F16C available; `row`
+    /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut super::multi::WGroup) {
-        avx2::pack_group::<B>(row, g, nb, out)
+    unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut super::multi_row::WGroup) {
+        unsafe { avx2::pack_group::<B>(row, g, nb, out) }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::Block32;
-    use crate::quant::multi::{store_group, WGroup};
+    use crate::quant::multi_row::{store_group, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
@@ -112,16 +115,18 @@ pub(crate) mod avx2 {
     /// [`offset_fix`]).
     ///
     /// # Safety
-    /// AVX2 available; `w..w + BYTES` and `a..a + 32` readable.
+    /// AVX2, FMA and F16C available; `w..w + BYTES` and `a..a + 32` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block_dot<B: Block32>(w: *const u8, a: *const i8) -> __m256i {
-        let a = load_256(a.cast());
-        if B::OFFSET == 0 {
-            dot_i8_i8(B::values_avx2(w), a)
-        } else {
-            // u < 32: pair sums stay below 2 * 31 * 127.
-            _mm256_madd_epi16(dot_u8_i8_pairs(B::values_avx2(w), a), _mm256_set1_epi16(1))
+        unsafe {
+            let a = load_256(a.cast());
+            if B::OFFSET == 0 {
+                dot_i8_i8(B::values_avx2(w), a)
+            } else {
+                // u < 32: pair sums stay below 2 * 31 * 127.
+                _mm256_madd_epi16(dot_u8_i8_pairs(B::values_avx2(w), a), _mm256_set1_epi16(1))
+            }
         }
     }
 
@@ -140,33 +145,35 @@ pub(crate) mod avx2 {
         nb: usize,
         out: &mut WGroup,
     ) {
-        let mut v = [_mm256_setzero_si256(); 8];
-        for (j, vj) in v.iter_mut().enumerate() {
-            let b = 8 * g + j;
-            if b < nb {
-                let p = row.add(b * B::BYTES);
-                *vj = B::values_avx2(p);
-                out.f0[j] = half_to_f32(read_u16(p));
-            } else {
-                out.f0[j] = 0.0;
+        unsafe {
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (j, vj) in v.iter_mut().enumerate() {
+                let b = 8 * g + j;
+                if b < nb {
+                    let p = row.add(b * B::BYTES);
+                    *vj = B::values_avx2(p);
+                    out.f0[j] = half_to_f32(read_u16(p));
+                } else {
+                    out.f0[j] = 0.0;
+                }
             }
-        }
-        // Valid blocks in this group; at most 4 only in a row's last group.
-        let m = nb - 8 * g;
-        if B::OFFSET == 0 {
-            store_group(&v, m, out.s.as_mut_ptr().cast());
-            for vj in &mut v {
-                *vj = _mm256_sign_epi8(*vj, *vj);
+            // Valid blocks in this group; at most 4 only in a row's last group.
+            let m = nb - 8 * g;
+            if B::OFFSET == 0 {
+                store_group(&v, m, out.s.as_mut_ptr().cast());
+                for vj in &mut v {
+                    *vj = _mm256_sign_epi8(*vj, *vj);
+                }
             }
+            store_group(&v, m, out.u.as_mut_ptr());
         }
-        store_group(&v, m, out.u.as_mut_ptr());
     }
 
     /// Block sums of [`block_dot`] minus `OFFSET * sum(a)`: the exact dots of
     /// the values. `asum` holds the activation block sums (as int32).
     ///
     /// # Safety
-    /// AVX2 available.
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn offset_fix<B: Block32>(isum: __m256i, asum: __m256i) -> __m256i {
@@ -193,100 +200,102 @@ pub(crate) mod avx2 {
         bs: *const i16,
         nb: usize,
     ) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut b = 0;
-        while b + 8 <= nb {
-            let wp = w.add(b * B::BYTES);
-            let ap = qs.add(b * 32);
-            let isum = transpose_sum_8(
-                block_dot::<B>(wp, ap),
-                block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
-                block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
-                block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
-                block_dot::<B>(wp.add(4 * B::BYTES), ap.add(128)),
-                block_dot::<B>(wp.add(5 * B::BYTES), ap.add(160)),
-                block_dot::<B>(wp.add(6 * B::BYTES), ap.add(192)),
-                block_dot::<B>(wp.add(7 * B::BYTES), ap.add(224)),
-            );
-            let isum = offset_fix::<B>(isum, _mm256_cvtepi16_epi32(load_128(bs.add(b).cast())));
-            let dw = _mm256_cvtph_ps(_mm_setr_epi16(
-                read_u16(wp) as i16,
-                read_u16(wp.add(B::BYTES)) as i16,
-                read_u16(wp.add(2 * B::BYTES)) as i16,
-                read_u16(wp.add(3 * B::BYTES)) as i16,
-                read_u16(wp.add(4 * B::BYTES)) as i16,
-                read_u16(wp.add(5 * B::BYTES)) as i16,
-                read_u16(wp.add(6 * B::BYTES)) as i16,
-                read_u16(wp.add(7 * B::BYTES)) as i16,
-            ));
-            let scale = _mm256_mul_ps(dw, load_ps(d.add(b)));
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc);
-            b += 8;
-        }
-        if b + 4 <= nb {
-            // A half group: blocks b..b+4 into lanes 0..4; lanes 4..8 keep
-            // their value.
-            let wp = w.add(b * B::BYTES);
-            let ap = qs.add(b * 32);
-            let h01 = _mm256_hadd_epi32(
-                block_dot::<B>(wp, ap),
-                block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
-            );
-            let h23 = _mm256_hadd_epi32(
-                block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
-                block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
-            );
-            let h = _mm256_hadd_epi32(h01, h23);
-            let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            let isum = _mm256_castsi256_si128(offset_fix::<B>(
-                _mm256_castsi128_si256(isum),
-                _mm256_setr_epi32(
-                    *bs.add(b) as i32,
-                    *bs.add(b + 1) as i32,
-                    *bs.add(b + 2) as i32,
-                    *bs.add(b + 3) as i32,
-                    0,
-                    0,
-                    0,
-                    0,
-                ),
-            ));
-            let dw = _mm_cvtph_ps(_mm_setr_epi16(
-                read_u16(wp) as i16,
-                read_u16(wp.add(B::BYTES)) as i16,
-                read_u16(wp.add(2 * B::BYTES)) as i16,
-                read_u16(wp.add(3 * B::BYTES)) as i16,
-                0,
-                0,
-                0,
-                0,
-            ));
-            let da = _mm_castsi128_ps(load_128(d.add(b).cast()));
-            let low = _mm_fmadd_ps(
-                _mm_mul_ps(dw, da),
-                _mm_cvtepi32_ps(isum),
-                _mm256_castps256_ps128(acc),
-            );
-            acc = _mm256_insertf128_ps(acc, low, 0);
-            b += 4;
-        }
-        if b < nb {
-            // The last 1..3 blocks, one at a time into lanes 4.., with the
-            // same float operations.
-            let mut lanes = lanes_ps(acc);
-            let mut lane = if nb % 8 >= 4 { 4 } else { 0 };
-            while b < nb {
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut b = 0;
+            while b + 8 <= nb {
                 let wp = w.add(b * B::BYTES);
-                let isum =
-                    hsum_i32(block_dot::<B>(wp, qs.add(b * 32))) - B::OFFSET * *bs.add(b) as i32;
-                let dw = half_to_f32(read_u16(wp));
-                crate::quant::fold_scaled(&mut lanes[lane], dw, *d.add(b), isum);
-                lane += 1;
-                b += 1;
+                let ap = qs.add(b * 32);
+                let isum = transpose_sum_8(
+                    block_dot::<B>(wp, ap),
+                    block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
+                    block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
+                    block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
+                    block_dot::<B>(wp.add(4 * B::BYTES), ap.add(128)),
+                    block_dot::<B>(wp.add(5 * B::BYTES), ap.add(160)),
+                    block_dot::<B>(wp.add(6 * B::BYTES), ap.add(192)),
+                    block_dot::<B>(wp.add(7 * B::BYTES), ap.add(224)),
+                );
+                let isum = offset_fix::<B>(isum, _mm256_cvtepi16_epi32(load_128(bs.add(b).cast())));
+                let dw = _mm256_cvtph_ps(_mm_setr_epi16(
+                    read_u16(wp) as i16,
+                    read_u16(wp.add(B::BYTES)) as i16,
+                    read_u16(wp.add(2 * B::BYTES)) as i16,
+                    read_u16(wp.add(3 * B::BYTES)) as i16,
+                    read_u16(wp.add(4 * B::BYTES)) as i16,
+                    read_u16(wp.add(5 * B::BYTES)) as i16,
+                    read_u16(wp.add(6 * B::BYTES)) as i16,
+                    read_u16(wp.add(7 * B::BYTES)) as i16,
+                ));
+                let scale = _mm256_mul_ps(dw, load_ps(d.add(b)));
+                acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc);
+                b += 8;
             }
-            return crate::simd::tree8(&lanes);
+            if b + 4 <= nb {
+                // A half group: blocks b..b+4 into lanes 0..4; lanes 4..8 keep
+                // their value.
+                let wp = w.add(b * B::BYTES);
+                let ap = qs.add(b * 32);
+                let h01 = _mm256_hadd_epi32(
+                    block_dot::<B>(wp, ap),
+                    block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
+                );
+                let h23 = _mm256_hadd_epi32(
+                    block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
+                    block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
+                );
+                let h = _mm256_hadd_epi32(h01, h23);
+                let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                let isum = _mm256_castsi256_si128(offset_fix::<B>(
+                    _mm256_castsi128_si256(isum),
+                    _mm256_setr_epi32(
+                        *bs.add(b) as i32,
+                        *bs.add(b + 1) as i32,
+                        *bs.add(b + 2) as i32,
+                        *bs.add(b + 3) as i32,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ),
+                ));
+                let dw = _mm_cvtph_ps(_mm_setr_epi16(
+                    read_u16(wp) as i16,
+                    read_u16(wp.add(B::BYTES)) as i16,
+                    read_u16(wp.add(2 * B::BYTES)) as i16,
+                    read_u16(wp.add(3 * B::BYTES)) as i16,
+                    0,
+                    0,
+                    0,
+                    0,
+                ));
+                let da = _mm_castsi128_ps(load_128(d.add(b).cast()));
+                let low = _mm_fmadd_ps(
+                    _mm_mul_ps(dw, da),
+                    _mm_cvtepi32_ps(isum),
+                    _mm256_castps256_ps128(acc),
+                );
+                acc = _mm256_insertf128_ps(acc, low, 0);
+                b += 4;
+            }
+            if b < nb {
+                // The last 1..3 blocks, one at a time into lanes 4.., with the
+                // same float operations.
+                let mut lanes = lanes_ps(acc);
+                let mut lane = if nb % 8 >= 4 { 4 } else { 0 };
+                while b < nb {
+                    let wp = w.add(b * B::BYTES);
+                    let isum = hsum_i32(block_dot::<B>(wp, qs.add(b * 32)))
+                        - B::OFFSET * *bs.add(b) as i32;
+                    let dw = half_to_f32(read_u16(wp));
+                    crate::quant::fold_scaled(&mut lanes[lane], dw, *d.add(b), isum);
+                    lane += 1;
+                    b += 1;
+                }
+                return crate::simd::tree8(&lanes);
+            }
+            tree8_ps(acc)
         }
-        tree8_ps(acc)
     }
 
     /// AVX2: `out[r] = dot(row r of w, a)` for each of `out.len()` rows.
@@ -300,19 +309,21 @@ pub(crate) mod avx2 {
         a: ActRow<'_>,
         out: &mut [f32],
     ) {
-        let nb = a.d.len();
-        assert!(
-            row_bytes == nb * B::BYTES
-                && a.qs.len() == nb * 32
-                && a.bsums.len() == nb
-                && w.len() >= out.len() * row_bytes,
-            "block32 kernel: inconsistent shapes"
-        );
-        let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
-        for (r, o) in out.iter_mut().enumerate() {
-            crate::quant::prefetch_row_ahead(w, r, row_bytes);
-            // In bounds: checked above.
-            *o = dot::<B>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
+        unsafe {
+            let nb = a.d.len();
+            assert!(
+                row_bytes == nb * B::BYTES
+                    && a.qs.len() == nb * 32
+                    && a.bsums.len() == nb
+                    && w.len() >= out.len() * row_bytes,
+                "block32 kernel: inconsistent shapes"
+            );
+            let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
+            for (r, o) in out.iter_mut().enumerate() {
+                crate::quant::prefetch_row_ahead(w, r, row_bytes);
+                // In bounds: checked above.
+                *o = dot::<B>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
+            }
         }
     }
 }

@@ -42,7 +42,7 @@ pub(crate) trait FloatElem {
     /// Eight elements from `p`, widened to f32.
     ///
     /// # Safety
-    /// AVX2 and F16C must be available; `p..p + 8 * BYTES` readable.
+    /// AVX2, FMA and F16C available; `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8_avx2(p: *const u8) -> std::arch::x86_64::__m256;
 }
@@ -62,11 +62,14 @@ impl FloatElem for F32 {
         f32::from_le_bytes(*arr::<4>(bytes))
     }
 
+    /// # Safety
+    /// As [`FloatElem::load8_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8_avx2(p: *const u8) -> std::arch::x86_64::__m256 {
-        crate::simd::avx2::load_ps(p.cast())
+        unsafe { crate::simd::avx2::load_ps(p.cast()) }
     }
 }
 
@@ -78,12 +81,17 @@ impl FloatElem for F16 {
         super::f16_le(*arr::<2>(bytes))
     }
 
+    /// # Safety
+    /// As [`FloatElem::load8_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8_avx2(p: *const u8) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        _mm256_cvtph_ps(crate::simd::avx2::load_128(p))
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm256_cvtph_ps(crate::simd::avx2::load_128(p))
+        }
     }
 }
 
@@ -95,13 +103,18 @@ impl FloatElem for Bf16 {
         f32::from_bits((u16::from_le_bytes(*arr::<2>(bytes)) as u32) << 16)
     }
 
+    /// # Safety
+    /// As [`FloatElem::load8_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8_avx2(p: *const u8) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        let h = crate::simd::avx2::load_128(p);
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        unsafe {
+            use std::arch::x86_64::*;
+            let h = crate::simd::avx2::load_128(p);
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
     }
 }
 
@@ -145,7 +158,8 @@ const SCALAR_ROWS: usize = 4;
 ///
 /// # Safety
 /// The caller owns output elements `(i, r)` for `i` in `i0..i1`, `r` in
-/// `r0..r1`; shapes are consistent.
+/// `r0..r1` (no other thread writes them), as [`OutPtr::set`] requires.
+/// (Reads are bounds-checked.)
 pub(crate) unsafe fn range_scalar<E: FloatElem>(
     job: &FloatJob<'_>,
     r0: usize,
@@ -169,7 +183,8 @@ pub(crate) unsafe fn range_scalar<E: FloatElem>(
                 }
             }
             for (c, l) in lanes[..ct].iter().enumerate() {
-                job.out.set((i + c) * job.rows + r, tree32(l));
+                // SAFETY: the caller owns output `(i + c, r)`.
+                unsafe { job.out.set((i + c) * job.rows + r, tree32(l)) };
             }
             i += ct;
         }
@@ -203,49 +218,54 @@ pub(crate) mod avx2 {
         x: &[*const f32; C],
         n: usize,
     ) -> [[f32; C]; R] {
-        let full = n / 32 * 32;
-        let mut lanes = [[[0.0f32; 32]; C]; R];
-        for j in 0..4 {
-            let mut acc = [[_mm256_setzero_ps(); C]; R];
-            let mut k = 8 * j;
-            while k < full {
-                let mut xv = [_mm256_setzero_ps(); C];
-                for (c, v) in xv.iter_mut().enumerate() {
-                    *v = load_ps(x[c].add(k));
+        unsafe {
+            let full = n / 32 * 32;
+            let mut lanes = [[[0.0f32; 32]; C]; R];
+            for j in 0..4 {
+                let mut acc = [[_mm256_setzero_ps(); C]; R];
+                let mut k = 8 * j;
+                while k < full {
+                    let mut xv = [_mm256_setzero_ps(); C];
+                    for (c, v) in xv.iter_mut().enumerate() {
+                        *v = load_ps(x[c].add(k));
+                    }
+                    for r in 0..R {
+                        let wv = E::load8_avx2(w[r].add(k * E::BYTES));
+                        for c in 0..C {
+                            acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+                        }
+                    }
+                    k += 32;
                 }
                 for r in 0..R {
-                    let wv = E::load8_avx2(w[r].add(k * E::BYTES));
                     for c in 0..C {
-                        acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+                        lanes[r][c][8 * j..8 * j + 8].copy_from_slice(&lanes_ps(acc[r][c]));
                     }
                 }
-                k += 32;
             }
+            let mut out = [[0.0f32; C]; R];
             for r in 0..R {
                 for c in 0..C {
-                    lanes[r][c][8 * j..8 * j + 8].copy_from_slice(&lanes_ps(acc[r][c]));
+                    let l = &mut lanes[r][c];
+                    for (t, lane) in l[..n - full].iter_mut().enumerate() {
+                        let b =
+                            std::slice::from_raw_parts(w[r].add((full + t) * E::BYTES), E::BYTES);
+                        *lane = E::get(b).mul_add(*x[c].add(full + t), *lane);
+                    }
+                    out[r][c] = tree32(l);
                 }
             }
+            out
         }
-        let mut out = [[0.0f32; C]; R];
-        for r in 0..R {
-            for c in 0..C {
-                let l = &mut lanes[r][c];
-                for (t, lane) in l[..n - full].iter_mut().enumerate() {
-                    let b = std::slice::from_raw_parts(w[r].add((full + t) * E::BYTES), E::BYTES);
-                    *lane = E::get(b).mul_add(*x[c].add(full + t), *lane);
-                }
-                out[r][c] = tree32(l);
-            }
-        }
-        out
     }
 
     /// Runs the `R x C` tile at weight rows `r..r + R`, activation rows
     /// `i..i + C`, writing the outputs.
     ///
     /// # Safety
-    /// As [`tile`]; the caller owns those output elements.
+    /// AVX2, FMA and F16C available; `job`'s shapes are consistent (as
+    /// [`range`] asserts) and weight rows `r..r + R` and activation rows
+    /// `i..i + C` exist; the caller owns those output elements.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_tile<E: FloatElem, const R: usize, const C: usize>(
@@ -253,18 +273,20 @@ pub(crate) mod avx2 {
         r: usize,
         i: usize,
     ) {
-        let mut w = [job.data.as_ptr(); R];
-        for (t, p) in w.iter_mut().enumerate() {
-            *p = p.add((r + t) * job.row_bytes);
-        }
-        let mut x = [job.x.as_ptr(); C];
-        for (c, p) in x.iter_mut().enumerate() {
-            *p = p.add((i + c) * job.cols);
-        }
-        let res = tile::<E, R, C>(&w, &x, job.cols);
-        for (t, row) in res.iter().enumerate() {
-            for (c, &v) in row.iter().enumerate() {
-                job.out.set((i + c) * job.rows + r + t, v);
+        unsafe {
+            let mut w = [job.data.as_ptr(); R];
+            for (t, p) in w.iter_mut().enumerate() {
+                *p = p.add((r + t) * job.row_bytes);
+            }
+            let mut x = [job.x.as_ptr(); C];
+            for (c, p) in x.iter_mut().enumerate() {
+                *p = p.add((i + c) * job.cols);
+            }
+            let res = tile::<E, R, C>(&w, &x, job.cols);
+            for (t, row) in res.iter().enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    job.out.set((i + c) * job.rows + r + t, v);
+                }
             }
         }
     }
@@ -283,46 +305,48 @@ pub(crate) mod avx2 {
         i0: usize,
         i1: usize,
     ) {
-        assert!(
-            job.row_bytes == job.cols * E::BYTES
-                && job.data.len() >= r1 * job.row_bytes
-                && job.x.len() >= i1 * job.cols,
-            "float kernel: inconsistent shapes"
-        );
-        // Activation rows in chunks that stay in L2 while every weight tile
-        // runs against them.
-        let chunk = crate::quant::multi::act_chunk_rows(4 * job.cols);
-        let mut c0 = i0;
-        while c0 < i1 {
-            let c1 = (c0 + chunk).min(i1);
-            let mut t0 = r0;
-            while t0 < r1 {
-                let rt = (r1 - t0).min(MR);
-                let mut i = c0;
-                while i < c1 {
-                    let ct = (c1 - i).min(NR);
-                    if rt == MR && ct == NR {
-                        run_tile::<E, MR, NR>(job, t0, i);
-                    } else if rt == MR {
-                        for c in 0..ct {
-                            run_tile::<E, MR, 1>(job, t0, i + c);
-                        }
-                    } else if ct == NR {
-                        for r in 0..rt {
-                            run_tile::<E, 1, NR>(job, t0 + r, i);
-                        }
-                    } else {
-                        for r in 0..rt {
+        unsafe {
+            assert!(
+                job.row_bytes == job.cols * E::BYTES
+                    && job.data.len() >= r1 * job.row_bytes
+                    && job.x.len() >= i1 * job.cols,
+                "float kernel: inconsistent shapes"
+            );
+            // Activation rows in chunks that stay in L2 while every weight tile
+            // runs against them.
+            let chunk = crate::quant::multi_row::act_chunk_rows(4 * job.cols);
+            let mut c0 = i0;
+            while c0 < i1 {
+                let c1 = (c0 + chunk).min(i1);
+                let mut t0 = r0;
+                while t0 < r1 {
+                    let rt = (r1 - t0).min(MR);
+                    let mut i = c0;
+                    while i < c1 {
+                        let ct = (c1 - i).min(NR);
+                        if rt == MR && ct == NR {
+                            run_tile::<E, MR, NR>(job, t0, i);
+                        } else if rt == MR {
                             for c in 0..ct {
-                                run_tile::<E, 1, 1>(job, t0 + r, i + c);
+                                run_tile::<E, MR, 1>(job, t0, i + c);
+                            }
+                        } else if ct == NR {
+                            for r in 0..rt {
+                                run_tile::<E, 1, NR>(job, t0 + r, i);
+                            }
+                        } else {
+                            for r in 0..rt {
+                                for c in 0..ct {
+                                    run_tile::<E, 1, 1>(job, t0 + r, i + c);
+                                }
                             }
                         }
+                        i += ct;
                     }
-                    i += ct;
+                    t0 += rt;
                 }
-                t0 += rt;
+                c0 = c1;
             }
-            c0 = c1;
         }
     }
 
@@ -334,31 +358,33 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot<E: FloatElem>(w: &[u8], x: &[f32]) -> f32 {
-        let n = x.len();
-        let full = n / 32 * 32;
-        let wp = w.as_ptr();
-        let xp = x.as_ptr();
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut k = 0;
-        while k < full {
-            for (j, a) in acc.iter_mut().enumerate() {
-                let wv = E::load8_avx2(wp.add((k + 8 * j) * E::BYTES));
-                *a = _mm256_fmadd_ps(wv, load_ps(xp.add(k + 8 * j)), *a);
+        unsafe {
+            let n = x.len();
+            let full = n / 32 * 32;
+            let wp = w.as_ptr();
+            let xp = x.as_ptr();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut k = 0;
+            while k < full {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let wv = E::load8_avx2(wp.add((k + 8 * j) * E::BYTES));
+                    *a = _mm256_fmadd_ps(wv, load_ps(xp.add(k + 8 * j)), *a);
+                }
+                k += 32;
             }
-            k += 32;
+            let mut lanes = [0.0f32; 32];
+            for (j, a) in acc.iter().enumerate() {
+                lanes[8 * j..8 * j + 8].copy_from_slice(&lanes_ps(*a));
+            }
+            for (j, (b, &xv)) in w[full * E::BYTES..n * E::BYTES]
+                .chunks_exact(E::BYTES)
+                .zip(&x[full..])
+                .enumerate()
+            {
+                lanes[j] = E::get(b).mul_add(xv, lanes[j]);
+            }
+            tree32(&lanes)
         }
-        let mut lanes = [0.0f32; 32];
-        for (j, a) in acc.iter().enumerate() {
-            lanes[8 * j..8 * j + 8].copy_from_slice(&lanes_ps(*a));
-        }
-        for (j, (b, &xv)) in w[full * E::BYTES..n * E::BYTES]
-            .chunks_exact(E::BYTES)
-            .zip(&x[full..])
-            .enumerate()
-        {
-            lanes[j] = E::get(b).mul_add(xv, lanes[j]);
-        }
-        tree32(&lanes)
     }
 
     /// AVX2: `out[r] = dot(row r of w, x)`.
@@ -372,12 +398,14 @@ pub(crate) mod avx2 {
         x: &[f32],
         out: &mut [f32],
     ) {
-        assert!(
-            row_bytes == x.len() * E::BYTES && w.len() >= out.len() * row_bytes,
-            "float kernel: inconsistent shapes"
-        );
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            *o = dot::<E>(row, x);
+        unsafe {
+            assert!(
+                row_bytes == x.len() * E::BYTES && w.len() >= out.len() * row_bytes,
+                "float kernel: inconsistent shapes"
+            );
+            for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                *o = dot::<E>(row, x);
+            }
         }
     }
 }

@@ -103,7 +103,7 @@ pub(crate) fn k_scales_mins(p: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 }
 
 pub(crate) mod block32;
-pub(crate) mod multi;
+pub(crate) mod multi_row;
 
 /// Scalar reference dot of one Q4_K/Q5_K weight row (whole super-blocks of
 /// `block_bytes`) with one activation row. `value(block, j, l)` is the

@@ -38,12 +38,17 @@ impl Block32 for Q4_0 {
         v
     }
 
+    /// # Safety
+    /// As [`Block32::values_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i {
-        use crate::simd::avx2::{load_128, nibbles_16};
-        // Unsigned: the kernel takes off 8 * sum(a).
-        nibbles_16(load_128(p.add(2)))
+        unsafe {
+            use crate::simd::avx2::{load_128, nibbles_16};
+            // Unsigned: the kernel takes off 8 * sum(a).
+            nibbles_16(load_128(p.add(2)))
+        }
     }
 }

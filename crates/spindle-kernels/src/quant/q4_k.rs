@@ -11,7 +11,7 @@
 //! lane `b % 8`, so a super-block fills the 8 lanes once (see
 //! [`fold_scaled_min`](super::fold_scaled_min)).
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
 
@@ -99,17 +99,20 @@ impl MultiRow for Q4K {
         k_decode_row(row, BLOCK_BYTES, out, value);
     }
 
+    /// # Safety
+    /// As [`MultiRow::pack_group`]: AVX2, FMA and F16C available; `row`
+    /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
-        avx2::pack_group(row.add(g * BLOCK_BYTES), out)
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi_row::WGroup) {
+        unsafe { avx2::pack_group(row.add(g * BLOCK_BYTES), out) }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
-    use crate::quant::multi::{store_vertical, WGroup};
+    use crate::quant::multi_row::{store_vertical, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
@@ -119,19 +122,21 @@ pub(crate) mod avx2 {
     /// unpacked a 32-bit word at a time.
     ///
     /// # Safety
-    /// AVX2 available; `bp + 4..bp + 16` readable.
+    /// AVX2, FMA and F16C available; `bp + 4..bp + 16` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn scales_mins(bp: *const u8) -> __m128i {
-        let word =
-            |k: usize| u32::from_le_bytes(std::ptr::read_unaligned(bp.add(4 + 4 * k).cast()));
-        let (p0, p1, p2) = (word(0), word(1), word(2));
-        let (low6, low4, top2) = (0x3F3F_3F3F, 0x0F0F_0F0F, 0x0303_0303);
-        let sc_lo = p0 & low6;
-        let sc_hi = (p2 & low4) | (((p0 >> 6) & top2) << 4);
-        let mn_lo = p1 & low6;
-        let mn_hi = ((p2 >> 4) & low4) | (((p1 >> 6) & top2) << 4);
-        _mm_setr_epi32(sc_lo as i32, sc_hi as i32, mn_lo as i32, mn_hi as i32)
+        unsafe {
+            let word =
+                |k: usize| u32::from_le_bytes(std::ptr::read_unaligned(bp.add(4 + 4 * k).cast()));
+            let (p0, p1, p2) = (word(0), word(1), word(2));
+            let (low6, low4, top2) = (0x3F3F_3F3F, 0x0F0F_0F0F, 0x0303_0303);
+            let sc_lo = p0 & low6;
+            let sc_hi = (p2 & low4) | (((p0 >> 6) & top2) << 4);
+            let mn_lo = p1 & low6;
+            let mn_hi = ((p2 >> 4) & low4) | (((p1 >> 6) & top2) << 4);
+            _mm_setr_epi32(sc_lo as i32, sc_hi as i32, mn_lo as i32, mn_hi as i32)
+        }
     }
 
     /// Folds the 8 exact sub-block dots `isum` (lane `j`: sub-block `j`) of the
@@ -151,19 +156,21 @@ pub(crate) mod avx2 {
         da: *const f32,
         bs: *const i16,
     ) -> __m256 {
-        // Lane 0: d, lane 1: dmin (exact conversions).
-        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
-            bp.cast::<i32>(),
-        )));
-        let d = _mm256_broadcastss_ps(dd);
-        let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-        let sm = scales_mins(bp);
-        let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
-        let mins = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm));
-        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins));
-        let asum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(load_128(bs.cast())));
-        let inner = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(isum), _mm256_mul_ps(dm, asum));
-        _mm256_fmadd_ps(load_ps(da), inner, acc)
+        unsafe {
+            // Lane 0: d, lane 1: dmin (exact conversions).
+            let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                bp.cast::<i32>(),
+            )));
+            let d = _mm256_broadcastss_ps(dd);
+            let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+            let sm = scales_mins(bp);
+            let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+            let mins = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm));
+            let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins));
+            let asum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(load_128(bs.cast())));
+            let inner = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(isum), _mm256_mul_ps(dm, asum));
+            _mm256_fmadd_ps(load_ps(da), inner, acc)
+        }
     }
 
     /// The scale terms of the Q4_K/Q5_K super-block at `bp` for the multi-row
@@ -175,17 +182,19 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn k_params(bp: *const u8, out: &mut WGroup) {
-        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
-            bp.cast::<i32>(),
-        )));
-        let d = _mm256_broadcastss_ps(dd);
-        let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-        let sm = scales_mins(bp);
-        let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
-        let mins = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm));
-        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins));
-        _mm256_storeu_ps(out.f0.as_mut_ptr(), ds);
-        _mm256_storeu_ps(out.f1.as_mut_ptr(), dm);
+        unsafe {
+            let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                bp.cast::<i32>(),
+            )));
+            let d = _mm256_broadcastss_ps(dd);
+            let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+            let sm = scales_mins(bp);
+            let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+            let mins = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm));
+            let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins));
+            _mm256_storeu_ps(out.f0.as_mut_ptr(), ds);
+            _mm256_storeu_ps(out.f1.as_mut_ptr(), dm);
+        }
     }
 
     /// Packs the super-block at `bp` for the multi-row kernel.
@@ -195,38 +204,43 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn pack_group(bp: *const u8, out: &mut WGroup) {
-        let low4 = _mm256_set1_epi8(0x0F);
-        let mut v = [_mm256_setzero_si256(); 8];
-        for c in 0..4 {
-            let q = load_256(bp.add(16 + 32 * c));
-            v[2 * c] = _mm256_and_si256(q, low4);
-            v[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0F);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let q = load_256(bp.add(16 + 32 * c));
+                v[2 * c] = _mm256_and_si256(q, low4);
+                v[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            }
+            store_vertical(&v, out.u.as_mut_ptr());
+            k_params(bp, out);
         }
-        store_vertical(&v, out.u.as_mut_ptr());
-        k_params(bp, out);
     }
 
     /// The 8 exact dots of the super-block at `bp`'s sub-blocks (unsigned
     /// values, no scales) with the 256 values at `aq`; lane `j`: sub-block `j`.
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` and
+    /// `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {
-        let low4 = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
-        let mut p = [_mm256_setzero_si256(); 8];
-        for c in 0..4 {
-            let q = load_256(bp.add(16 + 32 * c));
-            let lo = _mm256_and_si256(q, low4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-            let y_lo = load_256(aq.add(64 * c).cast());
-            let y_hi = load_256(aq.add(64 * c + 32).cast());
-            p[2 * c] = _mm256_madd_epi16(dot_u8_i8_pairs(lo, y_lo), ones);
-            p[2 * c + 1] = _mm256_madd_epi16(dot_u8_i8_pairs(hi, y_hi), ones);
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            let mut p = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let q = load_256(bp.add(16 + 32 * c));
+                let lo = _mm256_and_si256(q, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                let y_lo = load_256(aq.add(64 * c).cast());
+                let y_hi = load_256(aq.add(64 * c + 32).cast());
+                p[2 * c] = _mm256_madd_epi16(dot_u8_i8_pairs(lo, y_lo), ones);
+                p[2 * c + 1] = _mm256_madd_epi16(dot_u8_i8_pairs(hi, y_hi), ones);
+            }
+            transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
         }
-        transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
     }
 
     /// AVX2: `out[r] = dot(row r of w, a)`, bit-identical to
@@ -236,26 +250,28 @@ pub(crate) mod avx2 {
     /// AVX2, FMA and F16C must be available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn rows(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
-        let nb = a.d.len();
-        let ns = nb / 8;
-        assert!(
-            nb.is_multiple_of(8)
-                && row_bytes == ns * BLOCK_BYTES
-                && a.qs.len() == nb * 32
-                && a.bsums.len() == nb
-                && w.len() >= out.len() * row_bytes,
-            "Q4_K kernel: inconsistent shapes"
-        );
-        let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            let mut acc = _mm256_setzero_ps();
-            for s in 0..ns {
-                // In bounds: checked above.
-                let bp = row.as_ptr().add(s * BLOCK_BYTES);
-                let isum = int_dots(bp, qs.add(256 * s));
-                acc = fold_super(acc, bp, isum, d.add(8 * s), bs.add(8 * s));
+        unsafe {
+            let nb = a.d.len();
+            let ns = nb / 8;
+            assert!(
+                nb.is_multiple_of(8)
+                    && row_bytes == ns * BLOCK_BYTES
+                    && a.qs.len() == nb * 32
+                    && a.bsums.len() == nb
+                    && w.len() >= out.len() * row_bytes,
+                "Q4_K kernel: inconsistent shapes"
+            );
+            let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
+            for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                let mut acc = _mm256_setzero_ps();
+                for s in 0..ns {
+                    // In bounds: checked above.
+                    let bp = row.as_ptr().add(s * BLOCK_BYTES);
+                    let isum = int_dots(bp, qs.add(256 * s));
+                    acc = fold_super(acc, bp, isum, d.add(8 * s), bs.add(8 * s));
+                }
+                *o = tree8_ps(acc);
             }
-            *o = tree8_ps(acc);
         }
     }
 }

@@ -42,17 +42,22 @@ impl Block32 for Q5_0 {
         v
     }
 
+    /// # Safety
+    /// As [`Block32::values_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i {
-        use crate::simd::avx2::{bits_to_bytes, load_128, nibbles_16};
-        use std::arch::x86_64::*;
-        let qh = u32::from_le_bytes([*p.add(2), *p.add(3), *p.add(4), *p.add(5)]);
-        let nibbles = nibbles_16(load_128(p.add(6)));
-        // Unsigned u = nibble | fifth bit << 4; the kernel takes off
-        // 16 * sum(a).
-        let fifth = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        _mm256_or_si256(nibbles, fifth)
+        unsafe {
+            use crate::simd::avx2::{bits_to_bytes, load_128, nibbles_16};
+            use std::arch::x86_64::*;
+            let qh = u32::from_le_bytes([*p.add(2), *p.add(3), *p.add(4), *p.add(5)]);
+            let nibbles = nibbles_16(load_128(p.add(6)));
+            // Unsigned u = nibble | fifth bit << 4; the kernel takes off
+            // 16 * sum(a).
+            let fifth = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles, fifth)
+        }
     }
 }

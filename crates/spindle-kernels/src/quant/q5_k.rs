@@ -10,7 +10,7 @@
 //! Dot products take `Block32` activations and fold exactly as Q4_K's: sub-block
 //! `j` of super-block `s` into lane `(8s + j) % 8`.
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q4_k::k_decode_row;
 use super::q8_act::ActRow;
 use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
@@ -83,17 +83,20 @@ impl MultiRow for Q5K {
         });
     }
 
+    /// # Safety
+    /// As [`MultiRow::pack_group`]: AVX2, FMA and F16C available; `row`
+    /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
-        avx2::pack_group(row.add(g * BLOCK_BYTES), out)
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi_row::WGroup) {
+        unsafe { avx2::pack_group(row.add(g * BLOCK_BYTES), out) }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
-    use crate::quant::multi::{store_vertical, WGroup};
+    use crate::quant::multi_row::{store_vertical, WGroup};
     use crate::quant::q4_k::avx2::{fold_super, k_params};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
@@ -102,28 +105,30 @@ pub(crate) mod avx2 {
     /// The 8 unsigned 5-bit sub-blocks of the super-block at `bp`.
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(bp: *const u8) -> [__m256i; 8] {
-        let low4 = _mm256_set1_epi8(0x0F);
-        let one = _mm256_set1_epi8(1);
-        let two = _mm256_set1_epi8(2);
-        let mut qh = load_256(bp.add(16));
-        let mut v = [_mm256_setzero_si256(); 8];
-        for c in 0..4 {
-            let q = load_256(bp.add(48 + 32 * c));
-            v[2 * c] = _mm256_or_si256(
-                _mm256_and_si256(q, low4),
-                _mm256_slli_epi16(_mm256_and_si256(qh, one), 4),
-            );
-            v[2 * c + 1] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
-                _mm256_slli_epi16(_mm256_and_si256(qh, two), 3),
-            );
-            qh = _mm256_srli_epi16(qh, 2);
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0F);
+            let one = _mm256_set1_epi8(1);
+            let two = _mm256_set1_epi8(2);
+            let mut qh = load_256(bp.add(16));
+            let mut v = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let q = load_256(bp.add(48 + 32 * c));
+                v[2 * c] = _mm256_or_si256(
+                    _mm256_and_si256(q, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, one), 4),
+                );
+                v[2 * c + 1] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, two), 3),
+                );
+                qh = _mm256_srli_epi16(qh, 2);
+            }
+            v
         }
-        v
     }
 
     /// Packs the super-block at `bp` for the multi-row kernel.
@@ -133,8 +138,10 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn pack_group(bp: *const u8, out: &mut WGroup) {
-        store_vertical(&values(bp), out.u.as_mut_ptr());
-        k_params(bp, out);
+        unsafe {
+            store_vertical(&values(bp), out.u.as_mut_ptr());
+            k_params(bp, out);
+        }
     }
 
     /// The 8 exact dots of the super-block at `bp`'s sub-blocks (unsigned
@@ -142,35 +149,38 @@ pub(crate) mod avx2 {
     /// sub-block `j`.
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` and
+    /// `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {
-        let low4 = _mm256_set1_epi8(0x0F);
-        let one = _mm256_set1_epi8(1);
-        let two = _mm256_set1_epi8(2);
-        let ones = _mm256_set1_epi16(1);
-        // Shifted right by 2 per chunk: bits 0 and 1 of each byte are then the
-        // fifth bits of the chunk's low and high sub-blocks.
-        let mut qh = load_256(bp.add(16));
-        let mut p = [_mm256_setzero_si256(); 8];
-        for c in 0..4 {
-            let q = load_256(bp.add(48 + 32 * c));
-            let lo = _mm256_or_si256(
-                _mm256_and_si256(q, low4),
-                _mm256_slli_epi16(_mm256_and_si256(qh, one), 4),
-            );
-            let hi = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
-                _mm256_slli_epi16(_mm256_and_si256(qh, two), 3),
-            );
-            qh = _mm256_srli_epi16(qh, 2);
-            let y_lo = load_256(aq.add(64 * c).cast());
-            let y_hi = load_256(aq.add(64 * c + 32).cast());
-            p[2 * c] = _mm256_madd_epi16(dot_u8_i8_pairs(lo, y_lo), ones);
-            p[2 * c + 1] = _mm256_madd_epi16(dot_u8_i8_pairs(hi, y_hi), ones);
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0F);
+            let one = _mm256_set1_epi8(1);
+            let two = _mm256_set1_epi8(2);
+            let ones = _mm256_set1_epi16(1);
+            // Shifted right by 2 per chunk: bits 0 and 1 of each byte are then the
+            // fifth bits of the chunk's low and high sub-blocks.
+            let mut qh = load_256(bp.add(16));
+            let mut p = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let q = load_256(bp.add(48 + 32 * c));
+                let lo = _mm256_or_si256(
+                    _mm256_and_si256(q, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, one), 4),
+                );
+                let hi = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, two), 3),
+                );
+                qh = _mm256_srli_epi16(qh, 2);
+                let y_lo = load_256(aq.add(64 * c).cast());
+                let y_hi = load_256(aq.add(64 * c + 32).cast());
+                p[2 * c] = _mm256_madd_epi16(dot_u8_i8_pairs(lo, y_lo), ones);
+                p[2 * c + 1] = _mm256_madd_epi16(dot_u8_i8_pairs(hi, y_hi), ones);
+            }
+            transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
         }
-        transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
     }
 
     /// AVX2: `out[r] = dot(row r of w, a)`, bit-identical to
@@ -180,26 +190,28 @@ pub(crate) mod avx2 {
     /// AVX2, FMA and F16C must be available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn rows(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
-        let nb = a.d.len();
-        let ns = nb / 8;
-        assert!(
-            nb.is_multiple_of(8)
-                && row_bytes == ns * BLOCK_BYTES
-                && a.qs.len() == nb * 32
-                && a.bsums.len() == nb
-                && w.len() >= out.len() * row_bytes,
-            "Q5_K kernel: inconsistent shapes"
-        );
-        let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            let mut acc = _mm256_setzero_ps();
-            for s in 0..ns {
-                // In bounds: checked above.
-                let bp = row.as_ptr().add(s * BLOCK_BYTES);
-                let isum = int_dots(bp, qs.add(256 * s));
-                acc = fold_super(acc, bp, isum, d.add(8 * s), bs.add(8 * s));
+        unsafe {
+            let nb = a.d.len();
+            let ns = nb / 8;
+            assert!(
+                nb.is_multiple_of(8)
+                    && row_bytes == ns * BLOCK_BYTES
+                    && a.qs.len() == nb * 32
+                    && a.bsums.len() == nb
+                    && w.len() >= out.len() * row_bytes,
+                "Q5_K kernel: inconsistent shapes"
+            );
+            let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
+            for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                let mut acc = _mm256_setzero_ps();
+                for s in 0..ns {
+                    // In bounds: checked above.
+                    let bp = row.as_ptr().add(s * BLOCK_BYTES);
+                    let isum = int_dots(bp, qs.add(256 * s));
+                    acc = fold_super(acc, bp, isum, d.add(8 * s), bs.add(8 * s));
+                }
+                *o = tree8_ps(acc);
             }
-            *o = tree8_ps(acc);
         }
     }
 }

@@ -18,7 +18,7 @@
 //! `scale[2t] * dot_lo + scale[2t+1] * dot_hi` folds into lane `b % 8` with
 //! [`fold_scaled`].
 
-use super::multi::{Decoded, Fold, MultiRow};
+use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q8_act::ActRow;
 use super::{arr, f16_le, fold_scaled};
 use crate::simd::tree8;
@@ -116,17 +116,20 @@ impl MultiRow for Q6K {
         }
     }
 
+    /// # Safety
+    /// As [`MultiRow::pack_group`]: AVX2, FMA and F16C available; `row`
+    /// covers `nb` blocks and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi::WGroup) {
-        avx2::pack_group(row.add(g * BLOCK_BYTES), out)
+    unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi_row::WGroup) {
+        unsafe { avx2::pack_group(row.add(g * BLOCK_BYTES), out) }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::BLOCK_BYTES;
-    use crate::quant::multi::{store_vertical, WGroup};
+    use crate::quant::multi_row::{store_vertical, WGroup};
     use crate::quant::q8_act::ActRow;
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
@@ -153,34 +156,36 @@ pub(crate) mod avx2 {
     /// `bp` (block `t`: group `t % 4` of half `t / 4`).
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(bp: *const u8) -> [__m256i; 8] {
-        let low4 = _mm256_set1_epi8(0x0F);
-        let mut v = [_mm256_setzero_si256(); 8];
-        for h in 0..2 {
-            let ql0 = load_256(bp.add(64 * h));
-            let ql1 = load_256(bp.add(64 * h + 32));
-            let qh = load_256(bp.add(128 + 32 * h));
-            v[4 * h] = _mm256_or_si256(
-                _mm256_and_si256(ql0, low4),
-                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4),
-            );
-            v[4 * h + 1] = _mm256_or_si256(
-                _mm256_and_si256(ql1, low4),
-                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2),
-            );
-            v[4 * h + 2] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
-            );
-            v[4 * h + 3] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0xC0u8 as i8)), 2),
-            );
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0F);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for h in 0..2 {
+                let ql0 = load_256(bp.add(64 * h));
+                let ql1 = load_256(bp.add(64 * h + 32));
+                let qh = load_256(bp.add(128 + 32 * h));
+                v[4 * h] = _mm256_or_si256(
+                    _mm256_and_si256(ql0, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4),
+                );
+                v[4 * h + 1] = _mm256_or_si256(
+                    _mm256_and_si256(ql1, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2),
+                );
+                v[4 * h + 2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                    _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+                );
+                v[4 * h + 3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                    _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0xC0u8 as i8)), 2),
+                );
+            }
+            v
         }
-        v
     }
 
     /// Packs the super-block at `bp` for the multi-row kernel: signed values
@@ -192,21 +197,23 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn pack_group(bp: *const u8, out: &mut WGroup) {
-        let mut v = values(bp);
-        for vt in &mut v {
-            *vt = _mm256_sub_epi8(*vt, _mm256_set1_epi8(32));
-        }
-        store_vertical(&v, out.s.as_mut_ptr().cast());
-        for vt in &mut v {
-            *vt = _mm256_sign_epi8(*vt, *vt);
-        }
-        store_vertical(&v, out.u.as_mut_ptr());
-        out.f0 = [half_to_f32(read_u16(bp.add(208))); 8];
-        for t in 0..8 {
-            for (h, sc) in out.sc.iter_mut().enumerate() {
-                let s = *bp.add(192 + 2 * t + h) as i8 as i16;
-                sc[2 * t] = s;
-                sc[2 * t + 1] = s;
+        unsafe {
+            let mut v = values(bp);
+            for vt in &mut v {
+                *vt = _mm256_sub_epi8(*vt, _mm256_set1_epi8(32));
+            }
+            store_vertical(&v, out.s.as_mut_ptr().cast());
+            for vt in &mut v {
+                *vt = _mm256_sign_epi8(*vt, *vt);
+            }
+            store_vertical(&v, out.u.as_mut_ptr());
+            out.f0 = [half_to_f32(read_u16(bp.add(208))); 8];
+            for t in 0..8 {
+                for (h, sc) in out.sc.iter_mut().enumerate() {
+                    let s = *bp.add(192 + 2 * t + h) as i8 as i16;
+                    sc[2 * t] = s;
+                    sc[2 * t + 1] = s;
+                }
             }
         }
     }
@@ -217,50 +224,53 @@ pub(crate) mod avx2 {
     /// is taken off per pair of products (in int16, exact), before the scales.
     ///
     /// # Safety
-    /// AVX2 available; `bp..bp + BLOCK_BYTES` and `aq..aq + 256` readable.
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` and
+    /// `aq..aq + 256` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn int_dots(bp: *const u8, aq: *const i8) -> __m256i {
-        let low4 = _mm256_set1_epi8(0x0F);
-        let m32 = _mm256_set1_epi8(32);
-        let mut p = [_mm256_setzero_si256(); 8];
-        for h in 0..2 {
-            let ql0 = load_256(bp.add(64 * h));
-            let ql1 = load_256(bp.add(64 * h + 32));
-            let qh = load_256(bp.add(128 + 32 * h));
-            // The half's 8 scales as int16, in both 128-bit lanes.
-            // (An 8-byte read: the block ends 2 bytes after the scales.)
-            let sc8 = std::ptr::read_unaligned(bp.add(192 + 8 * h).cast::<i64>());
-            let sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(sc8)));
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, low4),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, low4),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                    _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                    _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0xC0u8 as i8)), 2),
-                ),
-            ];
-            for (g, &qg) in q.iter().enumerate() {
-                let y = load_256(aq.add(128 * h + 32 * g).cast());
-                // Pair sums of (u - 32) * a: at most 2 * 32 * 127 in magnitude.
-                let pairs = _mm256_sub_epi16(dot_u8_i8_pairs(qg, y), dot_u8_i8_pairs(m32, y));
-                // Pair sums 0..8 cover values 0..16 (scale 2g of the half),
-                // 8..16 the next 16 (scale 2g + 1): spread them to match.
-                let scale = _mm256_shuffle_epi8(sc, SCALE_PAIR[g]);
-                p[4 * h + g] = _mm256_madd_epi16(pairs, scale);
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0F);
+            let m32 = _mm256_set1_epi8(32);
+            let mut p = [_mm256_setzero_si256(); 8];
+            for h in 0..2 {
+                let ql0 = load_256(bp.add(64 * h));
+                let ql1 = load_256(bp.add(64 * h + 32));
+                let qh = load_256(bp.add(128 + 32 * h));
+                // The half's 8 scales as int16, in both 128-bit lanes.
+                // (An 8-byte read: the block ends 2 bytes after the scales.)
+                let sc8 = std::ptr::read_unaligned(bp.add(192 + 8 * h).cast::<i64>());
+                let sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(sc8)));
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, low4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, low4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                        _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                        _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0xC0u8 as i8)), 2),
+                    ),
+                ];
+                for (g, &qg) in q.iter().enumerate() {
+                    let y = load_256(aq.add(128 * h + 32 * g).cast());
+                    // Pair sums of (u - 32) * a: at most 2 * 32 * 127 in magnitude.
+                    let pairs = _mm256_sub_epi16(dot_u8_i8_pairs(qg, y), dot_u8_i8_pairs(m32, y));
+                    // Pair sums 0..8 cover values 0..16 (scale 2g of the half),
+                    // 8..16 the next 16 (scale 2g + 1): spread them to match.
+                    let scale = _mm256_shuffle_epi8(sc, SCALE_PAIR[g]);
+                    p[4 * h + g] = _mm256_madd_epi16(pairs, scale);
+                }
             }
+            transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
         }
-        transpose_sum_8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
     }
 
     /// AVX2: `out[r] = dot(row r of w, a)`, bit-identical to
@@ -270,27 +280,29 @@ pub(crate) mod avx2 {
     /// AVX2, FMA and F16C must be available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn rows(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [f32]) {
-        let nb = a.d.len();
-        let ns = nb / 8;
-        assert!(
-            nb.is_multiple_of(8)
-                && row_bytes == ns * BLOCK_BYTES
-                && a.qs.len() == nb * 32
-                && w.len() >= out.len() * row_bytes,
-            "Q6_K kernel: inconsistent shapes"
-        );
-        let (qs, d) = (a.qs.as_ptr(), a.d.as_ptr());
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            let mut acc = _mm256_setzero_ps();
-            for s in 0..ns {
-                // In bounds: checked above.
-                let bp = row.as_ptr().add(s * BLOCK_BYTES);
-                let isum = _mm256_cvtepi32_ps(int_dots(bp, qs.add(256 * s)));
-                let dw = _mm256_set1_ps(half_to_f32(read_u16(bp.add(208))));
-                // fma(dw * da, isum, lane), as `fold_scaled`.
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, load_ps(d.add(8 * s))), isum, acc);
+        unsafe {
+            let nb = a.d.len();
+            let ns = nb / 8;
+            assert!(
+                nb.is_multiple_of(8)
+                    && row_bytes == ns * BLOCK_BYTES
+                    && a.qs.len() == nb * 32
+                    && w.len() >= out.len() * row_bytes,
+                "Q6_K kernel: inconsistent shapes"
+            );
+            let (qs, d) = (a.qs.as_ptr(), a.d.as_ptr());
+            for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                let mut acc = _mm256_setzero_ps();
+                for s in 0..ns {
+                    // In bounds: checked above.
+                    let bp = row.as_ptr().add(s * BLOCK_BYTES);
+                    let isum = _mm256_cvtepi32_ps(int_dots(bp, qs.add(256 * s)));
+                    let dw = _mm256_set1_ps(half_to_f32(read_u16(bp.add(208))));
+                    // fma(dw * da, isum, lane), as `fold_scaled`.
+                    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, load_ps(d.add(8 * s))), isum, acc);
+                }
+                *o = tree8_ps(acc);
             }
-            *o = tree8_ps(acc);
         }
     }
 }

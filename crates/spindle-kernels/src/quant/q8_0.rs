@@ -31,10 +31,13 @@ impl Block32 for Q8_0 {
         arr::<32>(&block[2..]).map(|q| q as i8)
     }
 
+    /// # Safety
+    /// As [`Block32::values_avx2`]: AVX2, FMA and F16C available;
+    /// `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i {
-        crate::simd::avx2::load_256(p.add(2))
+        unsafe { crate::simd::avx2::load_256(p.add(2)) }
     }
 }

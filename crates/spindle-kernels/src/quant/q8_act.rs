@@ -233,44 +233,46 @@ mod avx2 {
     /// NaN to 0 and the same clamp.
     ///
     /// # Safety
-    /// AVX2 must be available; `bl` is a multiple of 32, `x.len() ==
-    /// q.len() == d.len() * bl`.
+    /// AVX2, FMA and F16C available. (The shapes, `bl` a multiple of 32 and
+    /// `x.len() == q.len() == d.len() * bl`, are asserted.)
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], bl: usize) {
-        assert!(bl.is_multiple_of(32) && x.len() == q.len() && x.len() == d.len() * bl);
-        let sign = _mm256_set1_ps(-0.0);
-        let hi = _mm256_set1_ps(127.0);
-        let lo = _mm256_set1_ps(-127.0);
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        for ((xb, qb), d) in x.chunks_exact(bl).zip(q.chunks_exact_mut(bl)).zip(d) {
-            let xp = xb.as_ptr();
-            let mut m = _mm256_setzero_ps();
-            for k in (0..bl).step_by(8) {
-                // max(v, m) returns m when v is NaN: NaN is ignored.
-                m = _mm256_max_ps(_mm256_andnot_ps(sign, load_ps(xp.add(k))), m);
-            }
-            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
-            let (scale, id) = super::scales(amax);
-            *d = scale;
-            let idv = _mm256_set1_ps(id);
-            let qp = qb.as_mut_ptr();
-            for k in (0..bl).step_by(32) {
-                let mut ints = [_mm256_setzero_si256(); 4];
-                for (j, out) in ints.iter_mut().enumerate() {
-                    let v = _mm256_mul_ps(load_ps(xp.add(k + 8 * j)), idv);
-                    let r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                    let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
-                    let r = _mm256_max_ps(_mm256_min_ps(r, hi), lo);
-                    *out = _mm256_cvtps_epi32(r);
+        unsafe {
+            assert!(bl.is_multiple_of(32) && x.len() == q.len() && x.len() == d.len() * bl);
+            let sign = _mm256_set1_ps(-0.0);
+            let hi = _mm256_set1_ps(127.0);
+            let lo = _mm256_set1_ps(-127.0);
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            for ((xb, qb), d) in x.chunks_exact(bl).zip(q.chunks_exact_mut(bl)).zip(d) {
+                let xp = xb.as_ptr();
+                let mut m = _mm256_setzero_ps();
+                for k in (0..bl).step_by(8) {
+                    // max(v, m) returns m when v is NaN: NaN is ignored.
+                    m = _mm256_max_ps(_mm256_andnot_ps(sign, load_ps(xp.add(k))), m);
                 }
-                // Saturating packs interleave the 128-bit halves; undo that.
-                let w01 = _mm256_packs_epi32(ints[0], ints[1]);
-                let w23 = _mm256_packs_epi32(ints[2], ints[3]);
-                let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
-                // In bounds: `qb` has `bl` bytes and `k + 32 <= bl`.
-                _mm256_storeu_si256(qp.add(k).cast(), b);
+                let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+                let (scale, id) = super::scales(amax);
+                *d = scale;
+                let idv = _mm256_set1_ps(id);
+                let qp = qb.as_mut_ptr();
+                for k in (0..bl).step_by(32) {
+                    let mut ints = [_mm256_setzero_si256(); 4];
+                    for (j, out) in ints.iter_mut().enumerate() {
+                        let v = _mm256_mul_ps(load_ps(xp.add(k + 8 * j)), idv);
+                        let r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                        let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+                        let r = _mm256_max_ps(_mm256_min_ps(r, hi), lo);
+                        *out = _mm256_cvtps_epi32(r);
+                    }
+                    // Saturating packs interleave the 128-bit halves; undo that.
+                    let w01 = _mm256_packs_epi32(ints[0], ints[1]);
+                    let w23 = _mm256_packs_epi32(ints[2], ints[3]);
+                    let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+                    // In bounds: `qb` has `bl` bytes and `k + 32 <= bl`.
+                    _mm256_storeu_si256(qp.add(k).cast(), b);
+                }
             }
         }
     }

@@ -1,3 +1,9 @@
+// One file (over 500 lines) on purpose: the packed layouts (`WGroup`,
+// `ActGroup`), the code that packs them and the micro-kernel that reads them
+// are one contract, and the scalar path beside them must do the same float
+// operations bit for bit. Kept together, a change to one is made and reviewed
+// with the others.
+
 //! Multi-row quantized matmul: each weight block is decoded once per call (per
 //! chunk of activation rows) and multiplied against many activation rows.
 //!
@@ -154,7 +160,8 @@ pub(crate) trait MultiRow {
     /// weight row at `row`.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C available; `row` covers `nb` blocks.
+    /// AVX2, FMA and F16C available; `row` covers `nb` blocks (a whole row,
+    /// [`row_bytes(nb)`](Self::row_bytes) bytes) and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut WGroup);
 }
@@ -246,7 +253,8 @@ fn with_buffer<E: Copy, R>(
 ///
 /// # Safety
 /// The caller owns output elements `(i, r)` for `i` in `i0..i1`, `r` in
-/// `r0..r1` (no other thread writes them); shapes are consistent.
+/// `r0..r1` (no other thread writes them), as [`OutPtr::set`] requires.
+/// (Reads are bounds-checked.)
 pub(crate) unsafe fn range_scalar<T: MultiRow>(
     job: &QuantJob<'_>,
     r0: usize,
@@ -261,7 +269,8 @@ pub(crate) unsafe fn range_scalar<T: MultiRow>(
             T::decode_row(row, dec);
             for i in i0..i1 {
                 let Some(a) = job.acts.row(i) else { return };
-                job.out.set(i * job.rows + r, dot_decoded::<T>(dec, a));
+                // SAFETY: the caller owns output `(i, r)`.
+                unsafe { job.out.set(i * job.rows + r, dot_decoded::<T>(dec, a)) };
             }
         }
     });
@@ -327,39 +336,41 @@ mod avx2 {
     /// `v[j]` (an 8x8 transpose of 32-bit words).
     ///
     /// # Safety
-    /// AVX2 available; `dst..dst + 256` writable.
+    /// AVX2, FMA and F16C available; `dst..dst + 256` writable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn store_vertical(v: &[__m256i; 8], dst: *mut u8) {
-        let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
-        let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
-        let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
-        let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
-        let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
-        let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
-        let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
-        let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
-        // u_k: word k of blocks 0..4 (low half), word k + 4 (high half).
-        let u0 = _mm256_unpacklo_epi64(t0, t2);
-        let u1 = _mm256_unpackhi_epi64(t0, t2);
-        let u2 = _mm256_unpacklo_epi64(t1, t3);
-        let u3 = _mm256_unpackhi_epi64(t1, t3);
-        let u4 = _mm256_unpacklo_epi64(t4, t6);
-        let u5 = _mm256_unpackhi_epi64(t4, t6);
-        let u6 = _mm256_unpacklo_epi64(t5, t7);
-        let u7 = _mm256_unpackhi_epi64(t5, t7);
-        let steps = [
-            _mm256_permute2x128_si256(u0, u4, 0x20),
-            _mm256_permute2x128_si256(u1, u5, 0x20),
-            _mm256_permute2x128_si256(u2, u6, 0x20),
-            _mm256_permute2x128_si256(u3, u7, 0x20),
-            _mm256_permute2x128_si256(u0, u4, 0x31),
-            _mm256_permute2x128_si256(u1, u5, 0x31),
-            _mm256_permute2x128_si256(u2, u6, 0x31),
-            _mm256_permute2x128_si256(u3, u7, 0x31),
-        ];
-        for (k, s) in steps.iter().enumerate() {
-            _mm256_storeu_si256(dst.add(32 * k).cast(), *s);
+        unsafe {
+            let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+            let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+            let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+            let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+            let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
+            let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+            let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
+            let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+            // u_k: word k of blocks 0..4 (low half), word k + 4 (high half).
+            let u0 = _mm256_unpacklo_epi64(t0, t2);
+            let u1 = _mm256_unpackhi_epi64(t0, t2);
+            let u2 = _mm256_unpacklo_epi64(t1, t3);
+            let u3 = _mm256_unpackhi_epi64(t1, t3);
+            let u4 = _mm256_unpacklo_epi64(t4, t6);
+            let u5 = _mm256_unpackhi_epi64(t4, t6);
+            let u6 = _mm256_unpacklo_epi64(t5, t7);
+            let u7 = _mm256_unpackhi_epi64(t5, t7);
+            let steps = [
+                _mm256_permute2x128_si256(u0, u4, 0x20),
+                _mm256_permute2x128_si256(u1, u5, 0x20),
+                _mm256_permute2x128_si256(u2, u6, 0x20),
+                _mm256_permute2x128_si256(u3, u7, 0x20),
+                _mm256_permute2x128_si256(u0, u4, 0x31),
+                _mm256_permute2x128_si256(u1, u5, 0x31),
+                _mm256_permute2x128_si256(u2, u6, 0x31),
+                _mm256_permute2x128_si256(u3, u7, 0x31),
+            ];
+            for (k, s) in steps.iter().enumerate() {
+                _mm256_storeu_si256(dst.add(32 * k).cast(), *s);
+            }
         }
     }
 
@@ -367,7 +378,7 @@ mod avx2 {
     /// order: lanes `[t0, t2, t4, t6, t1, t3, t5, t7]`, `t_j = tree8(v[j])`.
     ///
     /// # Safety
-    /// AVX available.
+    /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn tree8_x8(v: &[__m256; 8]) -> __m256 {
@@ -401,22 +412,24 @@ mod avx2 {
     /// bytes `8k..8k+8` of `v[j]`.
     ///
     /// # Safety
-    /// AVX2 available; `dst..dst + 128` writable.
+    /// AVX2, FMA and F16C available; `dst..dst + 128` writable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn store_half(v: &[__m256i; 8], dst: *mut u8) {
-        let t0 = _mm256_unpacklo_epi64(v[0], v[1]);
-        let t1 = _mm256_unpackhi_epi64(v[0], v[1]);
-        let t2 = _mm256_unpacklo_epi64(v[2], v[3]);
-        let t3 = _mm256_unpackhi_epi64(v[2], v[3]);
-        let steps = [
-            _mm256_permute2x128_si256(t0, t2, 0x20),
-            _mm256_permute2x128_si256(t1, t3, 0x20),
-            _mm256_permute2x128_si256(t0, t2, 0x31),
-            _mm256_permute2x128_si256(t1, t3, 0x31),
-        ];
-        for (k, s) in steps.iter().enumerate() {
-            _mm256_storeu_si256(dst.add(32 * k).cast(), *s);
+        unsafe {
+            let t0 = _mm256_unpacklo_epi64(v[0], v[1]);
+            let t1 = _mm256_unpackhi_epi64(v[0], v[1]);
+            let t2 = _mm256_unpacklo_epi64(v[2], v[3]);
+            let t3 = _mm256_unpackhi_epi64(v[2], v[3]);
+            let steps = [
+                _mm256_permute2x128_si256(t0, t2, 0x20),
+                _mm256_permute2x128_si256(t1, t3, 0x20),
+                _mm256_permute2x128_si256(t0, t2, 0x31),
+                _mm256_permute2x128_si256(t1, t3, 0x31),
+            ];
+            for (k, s) in steps.iter().enumerate() {
+                _mm256_storeu_si256(dst.add(32 * k).cast(), *s);
+            }
         }
     }
 
@@ -425,14 +438,16 @@ mod avx2 {
     /// row).
     ///
     /// # Safety
-    /// AVX2 available; `dst..dst + 256` writable.
+    /// AVX2, FMA and F16C available; `dst..dst + 256` writable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn store_group(v: &[__m256i; 8], m: usize, dst: *mut u8) {
-        if m <= 4 {
-            store_half(v, dst)
-        } else {
-            store_vertical(v, dst)
+        unsafe {
+            if m <= 4 {
+                store_half(v, dst)
+            } else {
+                store_vertical(v, dst)
+            }
         }
     }
 
@@ -443,28 +458,30 @@ mod avx2 {
     /// AVX2, FMA and F16C available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn pack_acts<T: MultiRow>(acts: &QuantizedActs, out: &mut Vec<ActGroup>) {
-        let nb = acts.cols() / 32;
-        let ng = nb.div_ceil(8);
-        out.resize(acts.n() * ng, ActGroup::ZERO);
-        for (i, groups) in out.chunks_exact_mut(ng.max(1)).enumerate() {
-            let Some(a) = acts.row(i) else { return };
-            for (g, ag) in groups.iter_mut().enumerate() {
-                let mut v = [_mm256_setzero_si256(); 8];
-                for (j, vj) in v.iter_mut().enumerate() {
-                    let b = 8 * g + j;
-                    if b < nb {
-                        // In bounds: `a.qs` holds `nb` blocks of 32.
-                        *vj = load_256(a.qs.as_ptr().add(32 * b).cast());
-                        ag.d[j] = a.d[b];
-                        ag.corr[j] = T::OFFSET * a.bsums[b] as i32;
-                        ag.asum[j] = a.bsums[b] as f32;
-                    } else {
-                        ag.d[j] = 0.0;
-                        ag.corr[j] = 0;
-                        ag.asum[j] = 0.0;
+        unsafe {
+            let nb = acts.cols() / 32;
+            let ng = nb.div_ceil(8);
+            out.resize(acts.n() * ng, ActGroup::ZERO);
+            for (i, groups) in out.chunks_exact_mut(ng.max(1)).enumerate() {
+                let Some(a) = acts.row(i) else { return };
+                for (g, ag) in groups.iter_mut().enumerate() {
+                    let mut v = [_mm256_setzero_si256(); 8];
+                    for (j, vj) in v.iter_mut().enumerate() {
+                        let b = 8 * g + j;
+                        if b < nb {
+                            // In bounds: `a.qs` holds `nb` blocks of 32.
+                            *vj = load_256(a.qs.as_ptr().add(32 * b).cast());
+                            ag.d[j] = a.d[b];
+                            ag.corr[j] = T::OFFSET * a.bsums[b] as i32;
+                            ag.asum[j] = a.bsums[b] as f32;
+                        } else {
+                            ag.d[j] = 0.0;
+                            ag.corr[j] = 0;
+                            ag.asum[j] = 0.0;
+                        }
                     }
+                    store_group(&v, nb - 8 * g, ag.qs.as_mut_ptr().cast());
                 }
-                store_group(&v, nb - 8 * g, ag.qs.as_mut_ptr().cast());
             }
         }
     }
@@ -547,85 +564,95 @@ mod avx2 {
         ng: usize,
         last: usize,
     ) -> [[__m256; C]; R] {
-        let ones = _mm256_set1_epi16(1);
-        let mut facc = [[_mm256_setzero_ps(); C]; R];
-        for g in 0..ng {
-            let mut wg = [w; R];
-            for (r, p) in wg.iter_mut().enumerate() {
-                *p = w.add(g * wstride + r);
-            }
-            let mut ag = *a;
-            for p in ag.iter_mut() {
-                *p = p.add(g);
-            }
-            let partial = g + 1 == ng && last < 8;
-            let isum = if partial && last <= 4 {
-                // Half layout: add each block's two partial sums and move
-                // block j to lane j.
-                let mut s = int_dots!(T, R, C, 4, &wg, &ag, ones);
-                let idx = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-                for row in s.iter_mut() {
-                    for v in row.iter_mut() {
-                        let pairs = _mm256_add_epi32(*v, _mm256_shuffle_epi32(*v, 0b10_11_00_01));
-                        *v = _mm256_permutevar8x32_epi32(pairs, idx);
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut facc = [[_mm256_setzero_ps(); C]; R];
+            for g in 0..ng {
+                let mut wg = [w; R];
+                for (r, p) in wg.iter_mut().enumerate() {
+                    *p = w.add(g * wstride + r);
+                }
+                let mut ag = *a;
+                for p in ag.iter_mut() {
+                    *p = p.add(g);
+                }
+                let partial = g + 1 == ng && last < 8;
+                let isum = if partial && last <= 4 {
+                    // Half layout: add each block's two partial sums and move
+                    // block j to lane j.
+                    let mut s = int_dots!(T, R, C, 4, &wg, &ag, ones);
+                    let idx = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+                    for row in s.iter_mut() {
+                        for v in row.iter_mut() {
+                            let pairs =
+                                _mm256_add_epi32(*v, _mm256_shuffle_epi32(*v, 0b10_11_00_01));
+                            *v = _mm256_permutevar8x32_epi32(pairs, idx);
+                        }
+                    }
+                    s
+                } else {
+                    int_dots!(T, R, C, 8, &wg, &ag, ones)
+                };
+                for r in 0..R {
+                    let f0 = load_ps(addr_of!((*wg[r]).f0).cast());
+                    for c in 0..C {
+                        let da = load_ps(addr_of!((*ag[c]).d).cast());
+                        let old = facc[r][c];
+                        let new = match T::FOLD {
+                            Fold::Block32 => {
+                                let isum = if T::OFFSET != 0 {
+                                    let corr = load_256(addr_of!((*ag[c]).corr).cast());
+                                    _mm256_sub_epi32(isum[r][c], corr)
+                                } else {
+                                    isum[r][c]
+                                };
+                                // fma(dw * da, isum, lane), as `fold_scaled`.
+                                _mm256_fmadd_ps(
+                                    _mm256_mul_ps(f0, da),
+                                    _mm256_cvtepi32_ps(isum),
+                                    old,
+                                )
+                            }
+                            Fold::KMin => {
+                                // As `fold_scaled_min` (and `q4_k::avx2::fold_super`).
+                                let f1 = load_ps(addr_of!((*wg[r]).f1).cast());
+                                let asum = load_ps(addr_of!((*ag[c]).asum).cast());
+                                let inner = _mm256_fmsub_ps(
+                                    f0,
+                                    _mm256_cvtepi32_ps(isum[r][c]),
+                                    _mm256_mul_ps(f1, asum),
+                                );
+                                _mm256_fmadd_ps(da, inner, old)
+                            }
+                            Fold::Q6 => _mm256_fmadd_ps(
+                                _mm256_mul_ps(f0, da),
+                                _mm256_cvtepi32_ps(isum[r][c]),
+                                old,
+                            ),
+                        };
+                        facc[r][c] = if partial {
+                            // Lanes past the row's last block keep their value.
+                            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                            let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(last as i32), lane);
+                            _mm256_blendv_ps(old, new, _mm256_castsi256_ps(keep))
+                        } else {
+                            new
+                        };
                     }
                 }
-                s
-            } else {
-                int_dots!(T, R, C, 8, &wg, &ag, ones)
-            };
-            for r in 0..R {
-                let f0 = load_ps(addr_of!((*wg[r]).f0).cast());
-                for c in 0..C {
-                    let da = load_ps(addr_of!((*ag[c]).d).cast());
-                    let old = facc[r][c];
-                    let new = match T::FOLD {
-                        Fold::Block32 => {
-                            let isum = if T::OFFSET != 0 {
-                                let corr = load_256(addr_of!((*ag[c]).corr).cast());
-                                _mm256_sub_epi32(isum[r][c], corr)
-                            } else {
-                                isum[r][c]
-                            };
-                            // fma(dw * da, isum, lane), as `fold_scaled`.
-                            _mm256_fmadd_ps(_mm256_mul_ps(f0, da), _mm256_cvtepi32_ps(isum), old)
-                        }
-                        Fold::KMin => {
-                            // As `fold_scaled_min` (and `q4_k::avx2::fold_super`).
-                            let f1 = load_ps(addr_of!((*wg[r]).f1).cast());
-                            let asum = load_ps(addr_of!((*ag[c]).asum).cast());
-                            let inner = _mm256_fmsub_ps(
-                                f0,
-                                _mm256_cvtepi32_ps(isum[r][c]),
-                                _mm256_mul_ps(f1, asum),
-                            );
-                            _mm256_fmadd_ps(da, inner, old)
-                        }
-                        Fold::Q6 => _mm256_fmadd_ps(
-                            _mm256_mul_ps(f0, da),
-                            _mm256_cvtepi32_ps(isum[r][c]),
-                            old,
-                        ),
-                    };
-                    facc[r][c] = if partial {
-                        // Lanes past the row's last block keep their value.
-                        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                        let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(last as i32), lane);
-                        _mm256_blendv_ps(old, new, _mm256_castsi256_ps(keep))
-                    } else {
-                        new
-                    };
-                }
             }
+            facc
         }
-        facc
     }
 
     /// Runs the `R x C` tile at weight rows `t0..t0 + R` (packed at `w`, row
     /// stride `wstride`) and activation rows `i..i + C`, writing the outputs.
     ///
     /// # Safety
-    /// As [`tile`]; the caller owns those output elements.
+    /// As [`tile`]: AVX2, FMA and F16C available, `w` covers `ng` groups of
+    /// `R` rows at stride `wstride`, `job.packed` holds activation rows
+    /// `i..i + C` (`ng` groups each); and the caller owns those output
+    /// elements.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_tile<T: MultiRow, const R: usize, const C: usize>(
@@ -637,30 +664,32 @@ mod avx2 {
         ng: usize,
         last: usize,
     ) {
-        let mut a = [job.packed.as_ptr(); C];
-        for (c, p) in a.iter_mut().enumerate() {
-            *p = p.add((i + c) * ng);
-        }
-        let facc = tile::<T, R, C>(w, wstride, &a, ng, last);
-        if R == 4 && C == 2 {
-            // All 8 reductions at once; lanes 0..4: rows t0.. of activation
-            // row i, lanes 4..8: of row i + 1.
-            let mut v = [_mm256_setzero_ps(); 8];
+        unsafe {
+            let mut a = [job.packed.as_ptr(); C];
+            for (c, p) in a.iter_mut().enumerate() {
+                *p = p.add((i + c) * ng);
+            }
+            let facc = tile::<T, R, C>(w, wstride, &a, ng, last);
+            if R == 4 && C == 2 {
+                // All 8 reductions at once; lanes 0..4: rows t0.. of activation
+                // row i, lanes 4..8: of row i + 1.
+                let mut v = [_mm256_setzero_ps(); 8];
+                for (r, row) in facc.iter().enumerate() {
+                    for (c, &f) in row.iter().enumerate() {
+                        v[2 * r + c] = f;
+                    }
+                }
+                let t = tree8_x8(&v);
+                let lo = job.out.slice(i * job.rows + t0, 4);
+                _mm_storeu_ps(lo.as_mut_ptr(), _mm256_castps256_ps128(t));
+                let hi = job.out.slice((i + 1) * job.rows + t0, 4);
+                _mm_storeu_ps(hi.as_mut_ptr(), _mm256_extractf128_ps(t, 1));
+                return;
+            }
             for (r, row) in facc.iter().enumerate() {
                 for (c, &f) in row.iter().enumerate() {
-                    v[2 * r + c] = f;
+                    job.out.set((i + c) * job.rows + t0 + r, tree8_ps(f));
                 }
-            }
-            let t = tree8_x8(&v);
-            let lo = job.out.slice(i * job.rows + t0, 4);
-            _mm_storeu_ps(lo.as_mut_ptr(), _mm256_castps256_ps128(t));
-            let hi = job.out.slice((i + 1) * job.rows + t0, 4);
-            _mm_storeu_ps(hi.as_mut_ptr(), _mm256_extractf128_ps(t, 1));
-            return;
-        }
-        for (r, row) in facc.iter().enumerate() {
-            for (c, &f) in row.iter().enumerate() {
-                job.out.set((i + c) * job.rows + t0 + r, tree8_ps(f));
             }
         }
     }
@@ -682,65 +711,67 @@ mod avx2 {
         i0: usize,
         i1: usize,
     ) {
-        let nb = job.cols / 32;
-        let ng = nb.div_ceil(8);
-        if ng == 0 {
-            return;
-        }
-        let last = nb - 8 * (ng - 1);
-        assert!(
-            job.packed.len() >= i1 * ng
-                && job.row_bytes == T::row_bytes(nb)
-                && job.data.len() >= r1 * job.row_bytes,
-            "multi-row kernel: inconsistent shapes"
-        );
-        let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
-        with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
-            let mut c0 = i0;
-            while c0 < i1 {
-                let c1 = (c0 + chunk).min(i1);
-                let mut t0 = r0;
-                while t0 < r1 {
-                    let rt = (r1 - t0).min(MR);
-                    for r in 0..rt {
-                        // Ask for the rows of a tile ahead while this one
-                        // runs (the head streams 178 MB per call).
-                        let data = &job.data[..r1 * job.row_bytes];
-                        crate::quant::prefetch_row_ahead(data, t0 + r, job.row_bytes);
-                        // In bounds: checked above.
-                        let row = job.data.as_ptr().add((t0 + r) * job.row_bytes);
-                        for g in 0..ng {
-                            T::pack_group(row, g, nb, &mut buf[g * rt + r]);
+        unsafe {
+            let nb = job.cols / 32;
+            let ng = nb.div_ceil(8);
+            if ng == 0 {
+                return;
+            }
+            let last = nb - 8 * (ng - 1);
+            assert!(
+                job.packed.len() >= i1 * ng
+                    && job.row_bytes == T::row_bytes(nb)
+                    && job.data.len() >= r1 * job.row_bytes,
+                "multi-row kernel: inconsistent shapes"
+            );
+            let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
+            with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
+                let mut c0 = i0;
+                while c0 < i1 {
+                    let c1 = (c0 + chunk).min(i1);
+                    let mut t0 = r0;
+                    while t0 < r1 {
+                        let rt = (r1 - t0).min(MR);
+                        for r in 0..rt {
+                            // Ask for the rows of a tile ahead while this one
+                            // runs (the head streams 178 MB per call).
+                            let data = &job.data[..r1 * job.row_bytes];
+                            crate::quant::prefetch_row_ahead(data, t0 + r, job.row_bytes);
+                            // In bounds: checked above.
+                            let row = job.data.as_ptr().add((t0 + r) * job.row_bytes);
+                            for g in 0..ng {
+                                T::pack_group(row, g, nb, &mut buf[g * rt + r]);
+                            }
                         }
-                    }
-                    let w = buf.as_ptr();
-                    let mut i = c0;
-                    while i < c1 {
-                        let ct = (c1 - i).min(NR);
-                        if rt == MR && ct == NR {
-                            run_tile::<T, MR, NR>(job, w, rt, t0, i, ng, last);
-                        } else if rt == MR {
-                            for c in 0..ct {
-                                run_tile::<T, MR, 1>(job, w, rt, t0, i + c, ng, last);
-                            }
-                        } else if ct == NR {
-                            for r in 0..rt {
-                                run_tile::<T, 1, NR>(job, w.add(r), rt, t0 + r, i, ng, last);
-                            }
-                        } else {
-                            for r in 0..rt {
+                        let w = buf.as_ptr();
+                        let mut i = c0;
+                        while i < c1 {
+                            let ct = (c1 - i).min(NR);
+                            if rt == MR && ct == NR {
+                                run_tile::<T, MR, NR>(job, w, rt, t0, i, ng, last);
+                            } else if rt == MR {
                                 for c in 0..ct {
-                                    let (t, ic) = (t0 + r, i + c);
-                                    run_tile::<T, 1, 1>(job, w.add(r), rt, t, ic, ng, last);
+                                    run_tile::<T, MR, 1>(job, w, rt, t0, i + c, ng, last);
+                                }
+                            } else if ct == NR {
+                                for r in 0..rt {
+                                    run_tile::<T, 1, NR>(job, w.add(r), rt, t0 + r, i, ng, last);
+                                }
+                            } else {
+                                for r in 0..rt {
+                                    for c in 0..ct {
+                                        let (t, ic) = (t0 + r, i + c);
+                                        run_tile::<T, 1, 1>(job, w.add(r), rt, t, ic, ng, last);
+                                    }
                                 }
                             }
+                            i += ct;
                         }
-                        i += ct;
+                        t0 += rt;
                     }
-                    t0 += rt;
+                    c0 = c1;
                 }
-                c0 = c1;
-            }
-        });
+            });
+        }
     }
 }
