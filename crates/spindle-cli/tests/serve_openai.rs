@@ -140,6 +140,27 @@ fn openai_client_against_a_live_server() {
             &pool.to_string(),
         ],
     );
+    // Every --spec mode `spindle run` takes: a draft model (here the model
+    // itself, as a separate file would be), and the model with layers
+    // skipped. Each slot gets its own drafter and draft KV.
+    let draft_arg = format!("draft:{}", model.display());
+    let drafting: Vec<(&str, Server)> = [("draft", draft_arg.as_str()), ("self", "self")]
+        .into_iter()
+        .map(|(mode, spec)| {
+            let s = start(
+                &model,
+                &["--spec", spec, "--max-seqs", "4", "--ctx", "512"],
+            );
+            (mode, s)
+        })
+        .collect();
+    let draft_urls = serde_json::Value::Object(
+        drafting
+            .iter()
+            .map(|(mode, s)| (mode.to_string(), s.url.clone().into()))
+            .collect(),
+    )
+    .to_string();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai/check_server.py");
     let status = Command::new("python3")
         .arg(&script)
@@ -152,6 +173,7 @@ fn openai_client_against_a_live_server() {
         .env("SPINDLE_MODEL", "gemma-3-270m-q4_k_m")
         .env("SPINDLE_SOLO", greedy)
         .env("SPINDLE_SOLO_SAMPLED", sampled)
+        .env("SPINDLE_DRAFT_URLS", draft_urls)
         .status()
         .expect("python3 runs");
     assert!(

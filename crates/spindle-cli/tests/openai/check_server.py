@@ -11,6 +11,8 @@ Run by tests/serve_openai.rs, which starts the servers and passes:
   SPINDLE_SOLO       JSON: {prompt: text} of `spindle run --temp 0 --spec off`
                      outputs, an independent reference for greedy completions
   SPINDLE_SOLO_SAMPLED  the same at temperature 0.8, top-p 0.9, seed 11
+  SPINDLE_DRAFT_URLS JSON: {mode: base URL} of servers started with
+                     --spec draft:MODEL and --spec self
 Each check prints its name; any failure raises.
 """
 
@@ -32,6 +34,7 @@ TIGHT = os.environ["SPINDLE_TIGHT_URL"]
 MODEL = os.environ["SPINDLE_MODEL"]
 SOLO = json.loads(os.environ["SPINDLE_SOLO"])
 SOLO_SAMPLED = json.loads(os.environ["SPINDLE_SOLO_SAMPLED"])
+DRAFT_URLS = json.loads(os.environ["SPINDLE_DRAFT_URLS"])
 ROOT = URL[: -len("/v1")]
 
 client = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=120)
@@ -465,6 +468,119 @@ def _():
     assert r.status_code == 404, r.text
     r = raw("/v1/decide", b'{"model": "%s", "state": 5}' % MODEL.encode())
     assert r.status_code == 400, r.text
+
+
+@check("servers drafting with a draft model and with the model itself equal `spindle run --spec off`")
+def _():
+    assert set(DRAFT_URLS) == {"draft", "self"}, DRAFT_URLS
+    for mode, url in DRAFT_URLS.items():
+        c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+        for prompt, want in SOLO.items():
+            got = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+            assert got == want, (mode, got, want)
+        for prompt, want in SOLO_SAMPLED.items():
+            got = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0.8, top_p=0.9,
+                                       seed=11).choices[0].text
+            assert got == want, (mode, got, want)
+        # Concurrent requests, each with its own drafter and draft KV.
+        prompts = [f"Step {i}: add {i} and {i}, then" for i in range(4)]
+        solo = [c.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0).choices[0].text
+                for p in prompts]
+        with cf.ThreadPoolExecutor(4) as ex:
+            together = list(ex.map(lambda p: c.completions.create(model=MODEL, prompt=p, max_tokens=12,
+                                                                  temperature=0).choices[0].text, prompts))
+        assert together == solo, (mode, together, solo)
+        m = metrics(url[: -len("/v1")])
+        assert m["spindle:spec_decode_num_draft_tokens_total"] > 0, (mode, m)
+
+
+def exposition(root=ROOT):
+    """Every sample of /metrics: (name, labels dict, value)."""
+    out = []
+    for line in request("GET", root, "/metrics").text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, labels = head.partition("{")
+        pairs = [kv.split("=", 1) for kv in labels.rstrip("}").split(",") if kv]
+        out.append((name, {k: v.strip('"') for k, v in pairs}, float(value)))
+    return out
+
+
+@check("vllm: metrics for endpoint pickers, with vLLM's meanings and the right values")
+def _():
+    wait_idle()
+    samples = exposition()
+    by_name = {n: (labels, v) for n, labels, v in samples}
+    for name in ["num_requests_waiting", "num_requests_running", "kv_cache_usage_perc"]:
+        assert f"vllm:{name}" in by_name, name
+        assert by_name[f"vllm:{name}"][1] == 0, (name, by_name[f"vllm:{name}"])
+    labels, value = by_name["vllm:cache_config_info"]
+    assert value == 1 and labels["model_name"] == MODEL, (labels, value)
+    # This server: --max-seqs 8 --ctx 2048, Gemma 3 (3 global layers over the
+    # context, 15 sliding layers over a window of 512), 16-token blocks: each
+    # slot holds 2048 / 16 global blocks, and 512 / 16 + 1 sliding ones (the
+    # window wherever it starts in a block, and the block being written).
+    assert labels["block_size"] == "16", labels
+    assert int(labels["num_gpu_blocks"]) == 8 * (2048 // 16) + 8 * (512 // 16 + 1), labels
+    # While a request streams it runs, and holds KV; the vllm: gauges say
+    # what the spindle: ones say.
+    stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=200, temperature=0,
+                                       stream=True)
+    next(iter(stream))
+    live = {n: v for n, _, v in exposition()}
+    stream.close()
+    assert live["vllm:num_requests_running"] == 1, live
+    assert 0 < live["vllm:kv_cache_usage_perc"] <= 1, live
+    for name in ["num_requests_waiting", "num_requests_running", "kv_cache_usage_perc"]:
+        assert live[f"vllm:{name}"] == live[f"spindle:{name}"], name
+    wait_idle()
+
+
+@check("refusals of every kind get their 4xx, never a 5xx (cases and statuses listed)")
+def _():
+    ctx = client.models.list().data[0].model_extra["max_model_len"]
+    vocab = 262144
+    completion = lambda **kw: ("/v1/completions", {"model": MODEL, "max_tokens": 2, **kw})
+    chat = lambda **kw: ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                  **kw})
+    cases = [
+        # Refused by the engine when submitted (Request::check).
+        (completion(prompt=[2, vocab]), 400, "outside the vocabulary"),
+        (completion(prompt=[2, -1]), 400, ""),
+        (completion(prompt="a b c", max_tokens=ctx), 400, "maximum context length"),
+        (completion(prompt=[2] * ctx, max_tokens=1), 400, "context"),
+        (completion(prompt="a b c", max_tokens=ctx, stream=True), 400, "maximum context length"),
+        (completion(prompt="a b c", max_tokens=ctx, n=3), 400, "maximum context length"),
+        (chat(max_tokens=ctx), 400, "maximum context length"),
+        (chat(max_completion_tokens=ctx, stream=True), 400, "maximum context length"),
+        (("/v1/decide", {"model": MODEL, "state": "word " * ctx,
+                         "questions": [{"id": "q", "kind": "yes_no"}]}), 400, "context"),
+        # Refused by the server's own checks.
+        (completion(prompt="a", max_tokens=0), 400, "max_tokens"),
+        (completion(prompt="a", logit_bias={str(vocab): 1}), 400, "logit_bias"),
+        (completion(prompt="a", temperature=-1), 400, "temperature"),
+        (completion(prompt=["a", "b"]), 400, "one prompt"),
+        (chat(messages=[]), 400, "messages"),
+        (("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}), 400, "exactly one"),
+        (("/detokenize", {"tokens": [vocab]}), 400, "outside the vocabulary"),
+        (completion(model="nope", prompt="a"), 404, "nope"),
+        (("/v1/nowhere", {}), 404, ""),
+    ]
+    for (path, body), status, needle in cases:
+        r = raw(path, json.dumps(body).encode())
+        assert r.status_code == status, (path, body if len(str(body)) < 300 else "(long)", r.status_code, r.text)
+        if needle:
+            assert needle in r.json()["error"]["message"], (path, needle, r.text)
+    # A body over the 2 MiB limit: 413.
+    big = json.dumps({"model": MODEL, "prompt": "x" * (3 << 20)}).encode()
+    r = raw("/v1/completions", big)
+    assert r.status_code == 413, (r.status_code, r.text[:200])
+    # The wrong method: 405.
+    r = request("GET", ROOT, "/v1/completions", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 405, (r.status_code, r.text)
+    assert request("GET", ROOT, "/health").status_code == 200
+    wait_idle()
 
 
 @check("fuzzed bodies never crash the server")
