@@ -147,10 +147,7 @@ fn openai_client_against_a_live_server() {
     let drafting: Vec<(&str, Server)> = [("draft", draft_arg.as_str()), ("self", "self")]
         .into_iter()
         .map(|(mode, spec)| {
-            let s = start(
-                &model,
-                &["--spec", spec, "--max-seqs", "4", "--ctx", "512"],
-            );
+            let s = start(&model, &["--spec", spec, "--max-seqs", "4", "--ctx", "512"]);
             (mode, s)
         })
         .collect();

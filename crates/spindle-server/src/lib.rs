@@ -9,6 +9,7 @@ mod error;
 mod generation;
 pub mod openai;
 mod routes;
+mod stream;
 mod text;
 
 use std::net::SocketAddr;

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
-use crate::generation::{self, Choice, Job, Piece};
+use crate::generation::{self, Choice, Job};
 use crate::openai::{
     ChatMessageIn, ChatRequest, CompletionRequest, Content, DetokenizeRequest, Prompt,
     TokenizeRequest,
@@ -230,14 +230,14 @@ async fn chat_completions(
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     Completion,
     Chat,
 }
 
 impl Kind {
     /// The `object` of a whole response, or of a streamed chunk.
-    fn object(self, chunk: bool) -> &'static str {
+    pub(crate) fn object(self, chunk: bool) -> &'static str {
         match (self, chunk) {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
@@ -267,7 +267,7 @@ async fn respond(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        let stream = Streamer {
+        let stream = crate::stream::Streamer {
             state: state.clone(),
             kind,
             id,
@@ -301,7 +301,7 @@ async fn respond(
     .into_response())
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -329,7 +329,7 @@ fn choice_json(state: &AppState, kind: Kind, index: usize, c: &Choice, logprobs:
 
 /// Log-probabilities of `tokens` in the shape of `kind`'s API; completions
 /// count text offsets from `offset`.
-fn logprobs_json(
+pub(crate) fn logprobs_json(
     state: &AppState,
     kind: Kind,
     tokens: &[(u32, Option<TokenLogprobs>)],
@@ -369,119 +369,6 @@ fn logprobs_json(
             }
             json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
         }
-    }
-}
-
-/// Writes a job's pieces as server-sent events.
-struct Streamer {
-    state: Shared,
-    kind: Kind,
-    id: String,
-    created: u64,
-    n: usize,
-    prompt_tokens: usize,
-    include_usage: bool,
-    want_logprobs: bool,
-}
-
-impl Streamer {
-    fn chunk(&self, choice: Value) -> SseEvent {
-        let mut body = json!({
-            "id": self.id,
-            "object": self.kind.object(true),
-            "created": self.created,
-            "model": self.state.model_name,
-            "choices": [choice],
-        });
-        if self.include_usage {
-            body["usage"] = Value::Null;
-        }
-        SseEvent::default().data(body.to_string())
-    }
-
-    fn delta(&self, index: usize, text: &str, first: bool, finish: Option<&str>) -> Value {
-        match self.kind {
-            Kind::Chat => {
-                let mut delta = json!({});
-                if first {
-                    delta["role"] = json!("assistant");
-                }
-                if !text.is_empty() || first {
-                    delta["content"] = json!(text);
-                }
-                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
-            }
-            Kind::Completion => {
-                json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
-            }
-        }
-    }
-
-    async fn run(
-        self,
-        mut rx: mpsc::Receiver<Piece>,
-        tx: mpsc::Sender<Result<SseEvent, Infallible>>,
-    ) {
-        let mut started = vec![false; self.n];
-        let mut offsets = vec![0usize; self.n];
-        let mut completion_tokens = 0;
-        let mut done = 0;
-        while done < self.n {
-            let Some(piece) = rx.recv().await else {
-                return;
-            };
-            let event = match piece {
-                Piece::Delta {
-                    index,
-                    text,
-                    tokens,
-                } => {
-                    let first = !std::mem::replace(&mut started[index], true);
-                    let mut choice = self.delta(index, &text, first, None);
-                    if self.want_logprobs && !tokens.is_empty() {
-                        choice["logprobs"] =
-                            logprobs_json(&self.state, self.kind, &tokens, offsets[index]);
-                    }
-                    offsets[index] += text.len();
-                    self.chunk(choice)
-                }
-                Piece::Done {
-                    index,
-                    finish_reason,
-                    completion_tokens: c,
-                } => {
-                    done += 1;
-                    completion_tokens += c;
-                    let first = !std::mem::replace(&mut started[index], true);
-                    self.chunk(self.delta(index, "", first, Some(finish_reason)))
-                }
-                Piece::Failed { error, .. } => {
-                    let body = json!({"error": {"message": error.message, "type": error.kind(), "param": error.param, "code": error.status.as_u16()}});
-                    let _ = tx
-                        .send(Ok(SseEvent::default().data(body.to_string())))
-                        .await;
-                    break;
-                }
-            };
-            if tx.send(Ok(event)).await.is_err() {
-                // The client went away: dropping `rx` cancels every choice.
-                return;
-            }
-        }
-        if self.include_usage {
-            let body = json!({
-                "id": self.id,
-                "object": self.kind.object(true),
-                "created": self.created,
-                "model": self.state.model_name,
-                "choices": [],
-                "usage": usage(self.prompt_tokens, completion_tokens),
-            });
-            let _ = tx
-                .send(Ok(SseEvent::default().data(body.to_string())))
-                .await;
-        }
-        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
     }
 }
 
