@@ -29,7 +29,7 @@ pub enum SlidingPattern {
 
 /// The data that configures the one decoder for a family.
 #[derive(Debug, Clone, Copy)]
-pub struct ArchSpec {
+pub struct ArchTraits {
     pub family: Family,
     pub activation: Activation,
     /// RMS norm on each query and key head before rope (Qwen 3, Gemma 3).
@@ -75,8 +75,8 @@ impl Family {
         }
     }
 
-    pub fn spec(self) -> ArchSpec {
-        let base = ArchSpec {
+    pub fn traits(self) -> ArchTraits {
+        let base = ArchTraits {
             family: self,
             activation: Activation::Silu,
             qk_norm: false,
@@ -88,7 +88,7 @@ impl Family {
             local_rope_base: None,
             tied_by_default: false,
         };
-        let gemma = ArchSpec {
+        let gemma = ArchTraits {
             activation: Activation::GeluTanh,
             sandwich_norms: true,
             embed_scale: true,
@@ -98,23 +98,23 @@ impl Family {
         };
         match self {
             Family::Llama => base,
-            Family::Mistral => ArchSpec {
+            Family::Mistral => ArchTraits {
                 sliding: SlidingPattern::All,
                 ..base
             },
-            Family::Qwen2 => ArchSpec {
+            Family::Qwen2 => ArchTraits {
                 qkv_bias: true,
                 ..base
             },
-            Family::Qwen3 => ArchSpec {
+            Family::Qwen3 => ArchTraits {
                 qk_norm: true,
                 ..base
             },
-            Family::Gemma2 => ArchSpec {
+            Family::Gemma2 => ArchTraits {
                 sliding: SlidingPattern::EvenLayers,
                 ..gemma
             },
-            Family::Gemma3 => ArchSpec {
+            Family::Gemma3 => ArchTraits {
                 qk_norm: true,
                 sliding: SlidingPattern::GlobalEvery(6),
                 local_rope_base: Some(10_000.0),

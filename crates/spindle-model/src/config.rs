@@ -3,7 +3,7 @@
 use spindle_formats::{GgufFile, HfConfig};
 use spindle_kernels::rope::RopeStyle;
 
-use crate::arch::{ArchSpec, Family};
+use crate::arch::{ArchTraits, Family};
 use crate::error::ModelError;
 
 /// How rotary frequencies are stretched for long contexts.
@@ -26,7 +26,7 @@ pub enum RopeScaling {
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
-    pub spec: ArchSpec,
+    pub arch: ArchTraits,
     pub n_layers: usize,
     pub n_embd: usize,
     pub n_ff: usize,
@@ -51,7 +51,7 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     pub fn family(&self) -> Family {
-        self.spec.family
+        self.arch.family
     }
 
     pub fn q_dim(&self) -> usize {
@@ -64,7 +64,7 @@ impl ModelConfig {
 
     /// The rope base of a layer.
     pub fn layer_rope_base(&self, layer: usize) -> f32 {
-        match self.spec.local_rope_base {
+        match self.arch.local_rope_base {
             Some(local) if self.layer_sliding[layer] => local,
             _ => self.rope_base,
         }
@@ -78,7 +78,7 @@ impl ModelConfig {
             .to_string();
         let family = Family::from_name(&arch)
             .ok_or_else(|| ModelError::UnsupportedArchitecture(arch.clone()))?;
-        let spec = family.spec();
+        let traits = family.traits();
         let key = |k: &str| format!("{arch}.{k}");
         let req = |k: &str| -> Result<usize, ModelError> {
             gguf.get_u64(&key(k))
@@ -114,20 +114,20 @@ impl ModelConfig {
             // Llama 3 scaling is baked into the `rope_freqs.weight` tensor by the converter.
             _ => RopeScaling::None,
         };
-        let mut spec = spec;
+        let mut traits = traits;
         if let Some(base) = f("rope.freq_base_swa") {
-            spec.local_rope_base = Some(base);
+            traits.local_rope_base = Some(base);
         }
         if family == Family::Mistral || family == Family::Llama {
             // llama.cpp runs Llama and Mistral GGUFs with full attention.
-            spec.sliding = crate::arch::SlidingPattern::None;
+            traits.sliding = crate::arch::SlidingPattern::None;
         }
         let layer_sliding = (0..n_layers)
-            .map(|l| sliding_window.is_some() && spec.sliding.is_sliding(l))
+            .map(|l| sliding_window.is_some() && traits.sliding.is_sliding(l))
             .collect();
         let attn_scale = f("attention.scale").unwrap_or(1.0 / (head_dim as f32).sqrt());
         Ok(ModelConfig {
-            spec,
+            arch: traits,
             n_layers,
             n_embd,
             n_ff,
@@ -164,7 +164,7 @@ impl ModelConfig {
             .to_string();
         let family = Family::from_name(&model_type)
             .ok_or_else(|| ModelError::UnsupportedArchitecture(model_type.clone()))?;
-        let mut spec = family.spec();
+        let mut traits = family.traits();
         let req = |k: &str| {
             cfg.get_usize(k)
                 .ok_or_else(|| ModelError::MissingMetadata(k.into()))
@@ -195,7 +195,7 @@ impl ModelConfig {
             .unwrap_or(10_000.0);
         if let Some(local) = num(&local_params, "rope_theta").or_else(|| f("rope_local_base_freq"))
         {
-            spec.local_rope_base = Some(local);
+            traits.local_rope_base = Some(local);
         }
         let scaling_obj = full_params
             .clone()
@@ -236,11 +236,11 @@ impl ModelConfig {
                 .map(|t| sliding_window.is_some() && t.as_str() == Some("sliding_attention"))
                 .collect(),
             _ => (0..n_layers)
-                .map(|l| sliding_window.is_some() && spec.sliding.is_sliding(l))
+                .map(|l| sliding_window.is_some() && traits.sliding.is_sliding(l))
                 .collect(),
         };
         if family == Family::Qwen2 || family == Family::Llama {
-            spec.qkv_bias = cfg
+            traits.qkv_bias = cfg
                 .get_bool("attention_bias")
                 .unwrap_or(family == Family::Qwen2);
         }
@@ -249,7 +249,7 @@ impl ModelConfig {
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
         Ok(ModelConfig {
-            spec,
+            arch: traits,
             n_layers,
             n_embd,
             n_ff: req("intermediate_size")?,
