@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::header_shape::HeaderSource;
+
 /// An error reading a model file or directory.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
@@ -90,9 +92,36 @@ pub enum FormatError {
         source: serde_json::Error,
     },
 
+    /// A hyper-parameter the model's shape needs is missing from a GGUF
+    /// header or `config.json`, or holds a value of another type.
+    #[error("key '{key}' in {origin}: it is missing or not {expected}{}", missing_hint(*origin))]
+    MissingHeaderKey {
+        key: String,
+        origin: HeaderSource,
+        expected: &'static str,
+    },
+
+    /// A hyper-parameter in a GGUF header or `config.json` holds a value no
+    /// model can have.
+    #[error("key '{key}' in {origin}: {reason}")]
+    BadHeaderValue {
+        key: String,
+        origin: HeaderSource,
+        reason: String,
+    },
+
     /// A safetensors file or model directory is malformed or incomplete.
     #[error("bad safetensors model at {}: {reason}", path.display())]
     Safetensors { path: PathBuf, reason: String },
+}
+
+fn missing_hint(origin: HeaderSource) -> &'static str {
+    match origin {
+        HeaderSource::Gguf => ": re-convert the model with a current llama.cpp",
+        HeaderSource::HfConfig => {
+            "; the config is incomplete or for a model that is not a decoder-only language model"
+        }
+    }
 }
 
 fn version_message(v: u32) -> String {

@@ -1,9 +1,12 @@
-//! Hyper-parameters of a model, read from GGUF metadata or `config.json`.
+//! Hyper-parameters of a model, read from GGUF metadata or `config.json`:
+//! the shape (family, dimensions, sliding layers) from the formats'
+//! [`HeaderShape`], which the planner builds on too; the rest (rope, norms,
+//! softcaps) here.
 
-use spindle_formats::{GgufFile, HfConfig};
+use spindle_formats::{FormatError, GgufFile, HeaderArch, HeaderShape, HfConfig};
 use spindle_kernels::rope::RopeStyle;
 
-use crate::arch::{ArchSpec, Family};
+use crate::arch::{ArchTraits, Family};
 use crate::error::ModelError;
 
 /// How rotary frequencies are stretched for long contexts.
@@ -26,7 +29,7 @@ pub enum RopeScaling {
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
-    pub spec: ArchSpec,
+    pub arch: ArchTraits,
     pub n_layers: usize,
     pub n_embd: usize,
     pub n_ff: usize,
@@ -51,7 +54,7 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     pub fn family(&self) -> Family {
-        self.spec.family
+        self.arch.family
     }
 
     pub fn q_dim(&self) -> usize {
@@ -64,7 +67,7 @@ impl ModelConfig {
 
     /// The rope base of a layer.
     pub fn layer_rope_base(&self, layer: usize) -> f32 {
-        match self.spec.local_rope_base {
+        match self.arch.local_rope_base {
             Some(local) if self.layer_sliding[layer] => local,
             _ => self.rope_base,
         }
@@ -72,41 +75,19 @@ impl ModelConfig {
 
     /// From GGUF metadata (`{arch}.*` keys as llama.cpp writes them).
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, ModelError> {
-        let arch = gguf
-            .architecture()
-            .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))?
-            .to_string();
-        let family = Family::from_name(&arch)
-            .ok_or_else(|| ModelError::UnsupportedArchitecture(arch.clone()))?;
-        let spec = family.spec();
+        let family = known_family(HeaderArch::from_gguf(gguf))?;
+        let h = HeaderShape::from_gguf(gguf).map_err(header_error)?;
+        let arch = h.arch.name.as_str();
         let key = |k: &str| format!("{arch}.{k}");
-        let req = |k: &str| -> Result<usize, ModelError> {
-            gguf.get_u64(&key(k))
-                .map(|v| v as usize)
-                .ok_or_else(|| ModelError::MissingMetadata(key(k)))
-        };
-        let n_layers = req("block_count")?;
-        let n_embd = req("embedding_length")?;
-        let n_head = req("attention.head_count")?;
-        let n_ff = ff_length(gguf, &key("feed_forward_length"))?;
-        let n_head_kv = gguf
-            .get_u64(&key("attention.head_count_kv"))
-            .map_or(n_head, |v| v as usize);
-        let head_dim = gguf
-            .get_u64(&key("attention.key_length"))
-            .map_or(n_embd / n_head.max(1), |v| v as usize);
-        let vocab_size = gguf
-            .tensor("token_embd.weight")
-            .and_then(|t| t.dims.get(1).copied())
-            .map(|v| v as usize)
+        // The forward pass computes over the embedding's rows.
+        let vocab_size = h
+            .vocab_size
+            .filter(|_| gguf.tensor("token_embd.weight").is_some())
             .ok_or_else(|| ModelError::MissingTensor {
                 name: "token_embd.weight".into(),
-                arch: arch.clone(),
+                arch: arch.to_string(),
             })?;
         let f = |k: &str| gguf.get_f64(&key(k)).map(|v| v as f32);
-        let sliding_window = gguf
-            .get_u64(&key("attention.sliding_window"))
-            .map(|v| v as usize);
         let rope_scaling = match gguf.get_str(&key("rope.scaling.type")) {
             Some("linear") => RopeScaling::Linear {
                 factor: f("rope.scaling.factor").unwrap_or(1.0),
@@ -114,30 +95,21 @@ impl ModelConfig {
             // Llama 3 scaling is baked into the `rope_freqs.weight` tensor by the converter.
             _ => RopeScaling::None,
         };
-        let mut spec = spec;
+        let mut traits = family.traits();
         if let Some(base) = f("rope.freq_base_swa") {
-            spec.local_rope_base = Some(base);
+            traits.local_rope_base = Some(base);
         }
-        if family == Family::Mistral || family == Family::Llama {
-            // llama.cpp runs Llama and Mistral GGUFs with full attention.
-            spec.sliding = crate::arch::SlidingPattern::None;
-        }
-        let layer_sliding = (0..n_layers)
-            .map(|l| sliding_window.is_some() && spec.sliding.is_sliding(l))
-            .collect();
-        let attn_scale = f("attention.scale").unwrap_or(1.0 / (head_dim as f32).sqrt());
+        let attn_scale = f("attention.scale").unwrap_or(1.0 / (h.head_dim as f32).sqrt());
         Ok(ModelConfig {
-            spec,
-            n_layers,
-            n_embd,
-            n_ff,
-            n_head,
-            n_head_kv,
-            head_dim,
+            arch: traits,
+            n_layers: h.n_layers,
+            n_embd: h.n_embd,
+            n_ff: h.n_ff,
+            n_head: h.n_heads,
+            n_head_kv: h.n_kv_heads,
+            head_dim: h.head_dim,
             vocab_size,
-            context_length: gguf
-                .get_u64(&key("context_length"))
-                .map_or(4096, |v| v as usize),
+            context_length: h.context_length,
             rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_base: f("rope.freq_base").unwrap_or(10_000.0),
             // GGUF Llama q/k rows are permuted at conversion so pairs are adjacent.
@@ -147,8 +119,8 @@ impl ModelConfig {
                 RopeStyle::Neox
             },
             rope_scaling,
-            sliding_window,
-            layer_sliding,
+            sliding_window: h.sliding_window,
+            layer_sliding: h.layer_sliding,
             attn_scale,
             attn_softcap: f("attn_logit_softcapping").filter(|&c| c > 0.0),
             final_softcap: f("final_logit_softcapping").filter(|&c| c > 0.0),
@@ -157,22 +129,13 @@ impl ModelConfig {
 
     /// From a Hugging Face `config.json`.
     pub fn from_hf(config: &HfConfig) -> Result<Self, ModelError> {
+        let family = known_family(HeaderArch::from_hf(config))?;
+        let h = HeaderShape::from_hf(config).map_err(header_error)?;
+        let vocab_size = h
+            .vocab_size
+            .ok_or_else(|| ModelError::MissingMetadata("vocab_size".into()))?;
         let cfg = config.text_config();
-        let model_type = cfg
-            .get_str("model_type")
-            .ok_or_else(|| ModelError::MissingMetadata("model_type".into()))?
-            .to_string();
-        let family = Family::from_name(&model_type)
-            .ok_or_else(|| ModelError::UnsupportedArchitecture(model_type.clone()))?;
-        let mut spec = family.spec();
-        let req = |k: &str| {
-            cfg.get_usize(k)
-                .ok_or_else(|| ModelError::MissingMetadata(k.into()))
-        };
-        let n_layers = req("num_hidden_layers")?;
-        let n_embd = req("hidden_size")?;
-        let n_head = req("num_attention_heads")?;
-        let head_dim = cfg.get_usize("head_dim").unwrap_or(n_embd / n_head.max(1));
+        let mut traits = family.traits();
         let f = |k: &str| cfg.get_f64(k).map(|v| v as f32);
 
         // Rope parameters: transformers 5 nests them under `rope_parameters`
@@ -195,7 +158,7 @@ impl ModelConfig {
             .unwrap_or(10_000.0);
         if let Some(local) = num(&local_params, "rope_theta").or_else(|| f("rope_local_base_freq"))
         {
-            spec.local_rope_base = Some(local);
+            traits.local_rope_base = Some(local);
         }
         let scaling_obj = full_params
             .clone()
@@ -226,44 +189,31 @@ impl ModelConfig {
             None => RopeScaling::None,
         };
 
-        let use_sliding = cfg
-            .get_bool("use_sliding_window")
-            .unwrap_or(family != Family::Qwen2 && family != Family::Qwen3);
-        let sliding_window = cfg.get_usize("sliding_window").filter(|_| use_sliding);
-        let layer_sliding: Vec<bool> = match cfg.get("layer_types").and_then(|v| v.as_array()) {
-            Some(types) if types.len() == n_layers => types
-                .iter()
-                .map(|t| sliding_window.is_some() && t.as_str() == Some("sliding_attention"))
-                .collect(),
-            _ => (0..n_layers)
-                .map(|l| sliding_window.is_some() && spec.sliding.is_sliding(l))
-                .collect(),
-        };
         if family == Family::Qwen2 || family == Family::Llama {
-            spec.qkv_bias = cfg
+            traits.qkv_bias = cfg
                 .get_bool("attention_bias")
                 .unwrap_or(family == Family::Qwen2);
         }
         let attn_scale = match f("query_pre_attn_scalar") {
             Some(s) if matches!(family, Family::Gemma2 | Family::Gemma3) => 1.0 / s.sqrt(),
-            _ => 1.0 / (head_dim as f32).sqrt(),
+            _ => 1.0 / (h.head_dim as f32).sqrt(),
         };
         Ok(ModelConfig {
-            spec,
-            n_layers,
-            n_embd,
-            n_ff: req("intermediate_size")?,
-            n_head,
-            n_head_kv: cfg.get_usize("num_key_value_heads").unwrap_or(n_head),
-            head_dim,
-            vocab_size: req("vocab_size")?,
-            context_length: cfg.get_usize("max_position_embeddings").unwrap_or(4096),
+            arch: traits,
+            n_layers: h.n_layers,
+            n_embd: h.n_embd,
+            n_ff: h.n_ff,
+            n_head: h.n_heads,
+            n_head_kv: h.n_kv_heads,
+            head_dim: h.head_dim,
+            vocab_size,
+            context_length: h.context_length,
             rms_eps: f("rms_norm_eps").unwrap_or(1e-6),
             rope_base,
             rope_style: RopeStyle::Neox,
             rope_scaling,
-            sliding_window,
-            layer_sliding,
+            sliding_window: h.sliding_window,
+            layer_sliding: h.layer_sliding,
             attn_scale,
             attn_softcap: f("attn_logit_softcapping").filter(|&c| c > 0.0),
             final_softcap: f("final_logit_softcapping").filter(|&c| c > 0.0),
@@ -305,18 +255,81 @@ impl ModelConfig {
     }
 }
 
-/// `feed_forward_length` is a scalar, or an array with one value per layer
-/// (all equal in the models Spindle runs).
-fn ff_length(gguf: &GgufFile, key: &str) -> Result<usize, ModelError> {
-    let v = gguf
-        .get(key)
-        .ok_or_else(|| ModelError::MissingMetadata(key.into()))?;
-    if let Some(n) = v.as_u64() {
-        return Ok(n as usize);
+/// The family of a header's architecture, or the typed refusal of one
+/// Spindle does not run (before any other key is read).
+fn known_family(arch: Result<HeaderArch, FormatError>) -> Result<Family, ModelError> {
+    let arch = arch.map_err(header_error)?;
+    arch.family
+        .map(Family::from)
+        .ok_or(ModelError::UnsupportedArchitecture(arch.name))
+}
+
+/// A key the header lacks is missing metadata; anything else a format error.
+fn header_error(e: FormatError) -> ModelError {
+    match e {
+        FormatError::MissingHeaderKey { key, .. } => ModelError::MissingMetadata(key),
+        e => ModelError::Format(e),
     }
-    v.as_array()
-        .and_then(|a| a.first())
-        .and_then(|x| x.as_u64())
-        .map(|n| n as usize)
-        .ok_or_else(|| ModelError::MissingMetadata(key.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn gemma3(layers: usize) -> serde_json::Value {
+        json!({
+            "model_type": "gemma3_text",
+            "num_hidden_layers": layers,
+            "hidden_size": 64,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+            "sliding_window": 16,
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0
+        })
+    }
+
+    fn from_hf(v: serde_json::Value) -> Result<ModelConfig, ModelError> {
+        ModelConfig::from_hf(&HfConfig::from_value(v))
+    }
+
+    #[test]
+    fn gemma3_sliding_window_pattern_is_honoured() {
+        // transformers: layer i slides when (i + 1) % 2 != 0, so 0 and 2.
+        let mut c = gemma3(4);
+        c["sliding_window_pattern"] = json!(2);
+        let cfg = from_hf(c).unwrap();
+        assert_eq!(cfg.layer_sliding, vec![true, false, true, false]);
+        assert_eq!(cfg.sliding_window, Some(16));
+        assert_eq!(cfg.layer_rope_base(0), 10_000.0);
+        assert_eq!(cfg.layer_rope_base(1), 1_000_000.0);
+        // Without it, every sixth layer is global.
+        let cfg = from_hf(gemma3(6)).unwrap();
+        assert_eq!(cfg.layer_sliding, vec![true, true, true, true, true, false]);
+    }
+
+    #[test]
+    fn unsupported_architecture_is_refused_before_other_keys() {
+        let err = from_hf(json!({"model_type": "phi3"})).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "phi3"),
+            "{err}"
+        );
+        let err = from_hf(json!({"num_hidden_layers": 2})).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::MissingMetadata(k) if k == "model_type"),
+            "{err}"
+        );
+        let mut c = gemma3(2);
+        c.as_object_mut().unwrap().remove("num_hidden_layers");
+        let err = from_hf(c).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::MissingMetadata(k) if k == "num_hidden_layers"),
+            "{err}"
+        );
+    }
 }

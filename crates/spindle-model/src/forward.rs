@@ -337,7 +337,7 @@ impl Model {
                 &mut h[i * e..(i + 1) * e],
             )?;
         }
-        if cfg.spec.embed_scale {
+        if cfg.arch.embed_scale {
             let s = (e as f32).sqrt();
             h.iter_mut().for_each(|v| *v *= s);
         }
@@ -666,7 +666,7 @@ impl Model {
     /// `gate = act(gate) * up`, rows split over the pool.
     fn gated_rows(&self, gate: &mut [f32], up: &[f32], n: usize) {
         let ff = self.config.n_ff;
-        let act = self.config.spec.activation;
+        let act = self.config.arch.activation;
         let rows = DisjointChunks::new(&mut gate[..n * ff], ff);
         for_each_task(&self.pool, n, |i| {
             // SAFETY: row i belongs to this task alone.

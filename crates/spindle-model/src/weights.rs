@@ -192,9 +192,9 @@ impl TensorSource<'_> {
 
 impl Weights {
     pub fn load(src: &TensorSource<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
-        let spec = &cfg.spec;
+        let arch = &cfg.arch;
         let norm_offset = if src.is_safetensors() {
-            spec.hf_norm_offset
+            arch.hf_norm_offset
         } else {
             0.0
         };
@@ -209,7 +209,7 @@ impl Weights {
             let n = |s: &str| format!("blk.{l}.{s}");
             let norm = |s: &str| src.vector(&n(s), e, norm_offset);
             let sandwich = |s: &str| -> Result<Option<Vec<f32>>, ModelError> {
-                if spec.sandwich_norms {
+                if arch.sandwich_norms {
                     norm(s).map(Some)
                 } else {
                     Ok(None)
@@ -217,7 +217,7 @@ impl Weights {
             };
             let bias = |s: &str, len: usize| src.vector_opt(&n(s), len, 0.0);
             let head_norm = |s: &str| -> Result<Option<Vec<f32>>, ModelError> {
-                if spec.qk_norm {
+                if arch.qk_norm {
                     src.vector(&n(s), cfg.head_dim, norm_offset).map(Some)
                 } else {
                     Ok(None)
@@ -244,7 +244,7 @@ impl Weights {
                 post_ffn_norm: sandwich("post_ffw_norm.weight")?,
             });
         }
-        let rope_freqs = if cfg.spec.family == Family::Llama || cfg.spec.family == Family::Mistral {
+        let rope_freqs = if cfg.arch.family == Family::Llama || cfg.arch.family == Family::Mistral {
             src.vector_opt("rope_freqs.weight", cfg.head_dim / 2, 0.0)?
         } else {
             None

@@ -1,22 +1,20 @@
 //! The shape of a model: the hyper-parameters memory and speed depend on,
-//! read from GGUF metadata or `config.json` the way `spindle-model` reads
-//! them (`config.rs`, `arch.rs`), so the plan describes the model the engine
-//! will actually run.
+//! built from the [`HeaderShape`] that `spindle-model` builds its config
+//! from too, so the plan describes the model the engine will actually run.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use spindle_formats::{GgufFile, HfConfig, MetaValue};
+use spindle_formats::{ArchFamily, GgufFile, HeaderShape, HeaderSource, HfConfig, KV_BLOCK_TOKENS};
 
 use crate::error::PlanError;
 use crate::plan::KvType;
 use crate::source::{self, WeightStats};
 
-/// Tokens per block of the engine's KV pool (spindle-model's `BLOCK`).
-pub const KV_BLOCK: u64 = 16;
+/// Tokens per block of the engine's KV pool.
+pub const KV_BLOCK: u64 = KV_BLOCK_TOKENS as u64;
 
-/// A model family, as far as the plan cares (which layers slide, whether
-/// the head is tied by default).
+/// A model family, as far as the plan cares.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
@@ -30,57 +28,42 @@ pub enum Family {
     Other(String),
 }
 
+impl From<ArchFamily> for Family {
+    fn from(f: ArchFamily) -> Family {
+        match f {
+            ArchFamily::Llama => Family::Llama,
+            ArchFamily::Mistral => Family::Mistral,
+            ArchFamily::Qwen2 => Family::Qwen2,
+            ArchFamily::Qwen3 => Family::Qwen3,
+            ArchFamily::Gemma2 => Family::Gemma2,
+            ArchFamily::Gemma3 => Family::Gemma3,
+        }
+    }
+}
+
 impl Family {
     /// From a GGUF `general.architecture` or a Hugging Face `model_type`.
     pub fn from_name(name: &str) -> Family {
-        match name {
-            "llama" => Family::Llama,
-            "mistral" => Family::Mistral,
-            "qwen2" => Family::Qwen2,
-            "qwen3" => Family::Qwen3,
-            "gemma2" => Family::Gemma2,
-            "gemma3" | "gemma3_text" => Family::Gemma3,
-            other => Family::Other(other.to_string()),
-        }
+        ArchFamily::from_name(name).map_or_else(|| Family::Other(name.to_string()), Family::from)
     }
 
     pub fn name(&self) -> &str {
         match self {
-            Family::Llama => "llama",
-            Family::Mistral => "mistral",
-            Family::Qwen2 => "qwen2",
-            Family::Qwen3 => "qwen3",
-            Family::Gemma2 => "gemma2",
-            Family::Gemma3 => "gemma3",
             Family::Other(name) => name,
+            _ => self.known().map_or("", ArchFamily::name),
         }
     }
 
-    /// Whether layer `l` slides when the model has a window and no explicit
-    /// per-layer list. `global_every` is Gemma 3's period (6 unless the
-    /// config says otherwise).
-    fn is_sliding(&self, l: usize, global_every: usize) -> bool {
-        match self {
-            Family::Gemma2 => l.is_multiple_of(2),
-            Family::Gemma3 => !(l + 1).is_multiple_of(global_every.max(1)),
-            // Mistral v0.1 (and unknown families that set a window): all layers.
-            Family::Mistral | Family::Other(_) => true,
-            Family::Llama | Family::Qwen2 | Family::Qwen3 => false,
-        }
-    }
-
-    fn tied_by_default(&self) -> bool {
-        matches!(self, Family::Gemma2 | Family::Gemma3)
-    }
-
-    /// Values transformers fills in when a config leaves them out (the
-    /// published Gemma 3 multimodal configs do): vocabulary and context.
-    fn config_defaults(&self) -> (Option<u64>, u64) {
-        match self {
-            Family::Gemma3 => (Some(262_208), 131_072),
-            // The engine's default context when a config has none.
-            _ => (None, 4096),
-        }
+    fn known(&self) -> Option<ArchFamily> {
+        Some(match self {
+            Family::Llama => ArchFamily::Llama,
+            Family::Mistral => ArchFamily::Mistral,
+            Family::Qwen2 => ArchFamily::Qwen2,
+            Family::Qwen3 => ArchFamily::Qwen3,
+            Family::Gemma2 => ArchFamily::Gemma2,
+            Family::Gemma3 => ArchFamily::Gemma3,
+            Family::Other(_) => return None,
+        })
     }
 }
 
@@ -157,162 +140,63 @@ impl ModelShape {
         name: &str,
         vocab_hint: Option<u64>,
     ) -> Result<ModelShape, PlanError> {
-        // Multimodal configs keep the language model under `text_config`.
-        let cfg = config.text_config();
-        let missing = |key: &str| PlanError::Config {
-            what: format!("key '{key}'"),
-            source_name: "config.json".into(),
-            reason: "it is missing or not a non-negative integer; the config is incomplete or \
-                     for a model that is not a decoder-only language model"
-                .into(),
-        };
-        let get = |key: &str| cfg.get_usize(key).map(|v| v as u64);
-        let req = |key: &str| get(key).ok_or_else(|| missing(key));
-        let model_type = cfg.model_type().ok_or_else(|| PlanError::Config {
-            what: "key 'model_type'".into(),
-            source_name: "config.json".into(),
-            reason: "it is missing; the config is incomplete".into(),
-        })?;
-        let family = Family::from_name(model_type);
-        let n_layers = req("num_hidden_layers")?;
-        let n_embd = req("hidden_size")?;
-        let n_heads = nonzero(
-            req("num_attention_heads")?,
-            "num_attention_heads",
-            "config.json",
-        )?;
-        // `head_dim` may be null (Mistral), meaning hidden / heads.
-        let head_dim = get("head_dim").unwrap_or(n_embd / n_heads);
-        let (default_vocab, default_context) = family.config_defaults();
-        let vocab_size = get("vocab_size")
-            .or(vocab_hint)
-            .or(default_vocab)
-            .ok_or_else(|| missing("vocab_size"))?;
-
-        // Qwen configs carry a window they do not use unless asked.
-        let qwen = matches!(family, Family::Qwen2 | Family::Qwen3);
-        let use_sliding = cfg.get_bool("use_sliding_window").unwrap_or(!qwen);
-        let sliding_window = get("sliding_window").filter(|_| use_sliding);
-        let global_every = get("sliding_window_pattern").unwrap_or(6) as usize;
-        let layer_types = cfg
-            .get("layer_types")
-            .and_then(|v| v.as_array())
-            .filter(|t| t.len() as u64 == n_layers);
-        let layer_sliding = (0..n_layers as usize)
-            .map(|l| {
-                sliding_window.is_some()
-                    && match layer_types {
-                        Some(types) => types[l].as_str() == Some("sliding_attention"),
-                        None => family.is_sliding(l, global_every),
-                    }
-            })
-            .collect();
-
-        let tied_embeddings = cfg
-            .get_bool("tie_word_embeddings")
-            .or_else(|| config.get_bool("tie_word_embeddings"))
-            .unwrap_or(family.tied_by_default());
-        let shape = ModelShape {
-            name: name.to_string(),
-            n_layers,
-            n_embd,
-            n_heads,
-            n_kv_heads: get("num_key_value_heads").unwrap_or(n_heads),
-            head_dim,
-            n_ff: req("intermediate_size")?,
-            vocab_size,
-            context_length: get("max_position_embeddings").unwrap_or(default_context),
-            sliding_window,
-            layer_sliding,
-            tied_embeddings,
-            family,
-            weights: WeightStats::empty(),
-        };
-        Ok(shape.without_unused_window())
+        let header = HeaderShape::from_hf(config)?;
+        ModelShape::from_header(header, name.to_string(), vocab_hint, WeightStats::empty())
     }
 
     /// From a GGUF header (`{arch}.*` keys as llama.cpp writes them).
     pub fn from_gguf(gguf: &GgufFile, file_name: &str) -> Result<ModelShape, PlanError> {
-        let src = "the GGUF metadata";
-        let arch = gguf
-            .architecture()
-            .ok_or_else(|| PlanError::Config {
-                what: "key 'general.architecture'".into(),
-                source_name: src.into(),
-                reason: "it is missing: re-convert the model with a current llama.cpp".into(),
-            })?
-            .to_string();
-        let family = Family::from_name(&arch);
-        let key = |k: &str| format!("{arch}.{k}");
-        // Some converters write per-layer arrays; the models Spindle runs
-        // have one value throughout, so the first is taken.
-        let get = |k: &str| gguf.get(&key(k)).and_then(scalar_or_first);
-        let req = |k: &str| {
-            get(k).ok_or_else(|| PlanError::Config {
-                what: format!("key '{}'", key(k)),
-                source_name: src.into(),
-                reason: "it is missing or not a non-negative integer: re-convert the model with \
-                         a current llama.cpp"
-                    .into(),
-            })
-        };
-        let n_layers = req("block_count")?;
-        let n_embd = req("embedding_length")?;
-        let n_heads = nonzero(
-            req("attention.head_count")?,
-            &key("attention.head_count"),
-            src,
-        )?;
-        let embd = gguf.tensor("token_embd.weight");
-        let vocab_size = embd
-            .and_then(|t| t.dims.get(1).copied())
-            .or_else(|| {
-                gguf.get_array("tokenizer.ggml.tokens")
-                    .map(|a| a.len() as u64)
-            })
-            .or_else(|| get("vocab_size"))
-            .ok_or_else(|| PlanError::Config {
-                what: "the vocabulary size".into(),
-                source_name: src.into(),
-                reason: "the file has no token_embd.weight tensor, tokenizer.ggml.tokens or \
-                         vocab_size key: it is incomplete"
-                    .into(),
-            })?;
-        let sliding_window = get("attention.sliding_window");
-        // The engine runs Llama and Mistral GGUFs with full attention, as
-        // llama.cpp does; only the Gemmas slide.
-        let slides = matches!(family, Family::Gemma2 | Family::Gemma3);
-        let layer_sliding = (0..n_layers as usize)
-            .map(|l| slides && sliding_window.is_some() && family.is_sliding(l, 6))
-            .collect();
+        let header = HeaderShape::from_gguf(gguf)?;
         let name = gguf
             .get_str("general.name")
             .map_or_else(|| file_name.to_string(), str::to_string);
-        let shape = ModelShape {
-            name,
-            n_layers,
-            n_embd,
-            n_heads,
-            n_kv_heads: get("attention.head_count_kv").unwrap_or(n_heads),
-            head_dim: get("attention.key_length").unwrap_or(n_embd / n_heads),
-            n_ff: req("feed_forward_length")?,
-            vocab_size,
-            context_length: get("context_length").unwrap_or(4096),
-            sliding_window,
-            layer_sliding,
-            tied_embeddings: gguf.tensor("output.weight").is_none(),
-            family,
-            weights: source::gguf_weights(gguf),
-        };
-        Ok(shape.without_unused_window())
+        ModelShape::from_header(header, name, None, source::gguf_weights(gguf))
     }
 
-    /// Drops a window no layer uses, so reports do not show one.
-    fn without_unused_window(mut self) -> ModelShape {
-        if !self.layer_sliding.iter().any(|&s| s) {
-            self.sliding_window = None;
-        }
-        self
+    /// The plan's view of a header: an unknown family is planned as a plain
+    /// decoder; a vocabulary the header leaves out comes from `vocab_hint`
+    /// (the weights' embedding rows).
+    fn from_header(
+        h: HeaderShape,
+        name: String,
+        vocab_hint: Option<u64>,
+        weights: WeightStats,
+    ) -> Result<ModelShape, PlanError> {
+        let vocab_size = h
+            .vocab_size
+            .map(|v| v as u64)
+            .or(vocab_hint)
+            .ok_or_else(|| PlanError::Config {
+                what: "the vocabulary size".into(),
+                source_name: h.source.to_string(),
+                reason: match h.source {
+                    HeaderSource::Gguf => {
+                        "the file has no token_embd.weight tensor, tokenizer.ggml.tokens or \
+                         vocab_size key: it is incomplete"
+                    }
+                    HeaderSource::HfConfig => {
+                        "key 'vocab_size' is missing or not a non-negative integer and the \
+                         weights have no token embedding; the config is incomplete"
+                    }
+                }
+                .into(),
+            })?;
+        Ok(ModelShape {
+            name,
+            family: Family::from_name(&h.arch.name),
+            n_layers: h.n_layers as u64,
+            n_embd: h.n_embd as u64,
+            n_heads: h.n_heads as u64,
+            n_kv_heads: h.n_kv_heads as u64,
+            head_dim: h.head_dim as u64,
+            n_ff: h.n_ff as u64,
+            vocab_size,
+            context_length: h.context_length as u64,
+            sliding_window: h.sliding_window.map(|w| w as u64),
+            layer_sliding: h.layer_sliding,
+            tied_embeddings: h.tied_embeddings.unwrap_or(false),
+            weights,
+        })
     }
 
     /// Width of all query heads.
@@ -428,21 +312,6 @@ impl ModelShape {
             self.kv_bytes(ctx, batch, kv) <= budget
         })
     }
-}
-
-fn scalar_or_first(v: &MetaValue) -> Option<u64> {
-    v.as_u64().or_else(|| v.as_array()?.first()?.as_u64())
-}
-
-fn nonzero(v: u64, key: &str, source_name: &str) -> Result<u64, PlanError> {
-    if v == 0 {
-        return Err(PlanError::Config {
-            what: format!("key '{key}'"),
-            source_name: source_name.into(),
-            reason: "it is 0: the file is corrupt".into(),
-        });
-    }
-    Ok(v)
 }
 
 fn file_name(path: &Path) -> String {

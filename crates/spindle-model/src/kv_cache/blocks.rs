@@ -10,8 +10,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 
-/// Tokens per block.
-pub const BLOCK: usize = 16;
+/// Tokens per block: the formats' [`KV_BLOCK_TOKENS`], which the planner
+/// sizes the pool with too.
+///
+/// [`KV_BLOCK_TOKENS`]: spindle_formats::KV_BLOCK_TOKENS
+pub const BLOCK: usize = spindle_formats::KV_BLOCK_TOKENS;
 
 /// Index of a block in its group's pool.
 pub type BlockId = usize;
