@@ -108,14 +108,7 @@ impl Request {
                 "the prompt is empty: give at least one token",
             ));
         }
-        let outside = |ids: &mut dyn Iterator<Item = u32>| {
-            for t in ids {
-                if t as usize >= vocab {
-                    return Some(t);
-                }
-            }
-            None
-        };
+        let outside = |ids: &mut dyn Iterator<Item = u32>| first_outside(ids, vocab);
         if let Some(bad) = outside(&mut self.prompt.iter().copied()) {
             return Err(RequestError::invalid(
                 "prompt",
@@ -166,6 +159,12 @@ impl Request {
         }
         Ok(())
     }
+}
+
+/// The first id of `ids` that is not below `vocab`.
+fn first_outside(ids: impl Iterator<Item = u32>, vocab: usize) -> Option<u32> {
+    let mut ids = ids;
+    ids.find(|&t| t as usize >= vocab)
 }
 
 /// Log-probabilities of an emitted token under the model (before
