@@ -1,3 +1,8 @@
+//! The GGUF parser against hand-built files: every metadata type, every
+//! malformed header it must refuse with a clear error, and real-model
+//! headers. One concept, kept in one file (over ~500 lines) so that each
+//! error case sits beside the builder that makes it.
+
 mod common;
 
 use std::time::Instant;

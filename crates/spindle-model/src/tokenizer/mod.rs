@@ -32,6 +32,11 @@
 //! string once, so byte-fallback tokens that together form one character
 //! decode to it; invalid UTF-8 becomes U+FFFD. [`StreamDecoder`] gives the
 //! same text piece by piece.
+//!
+//! Over ~500 lines on purpose: this file is the one `Tokenizer` and its
+//! special-token rules (BOS, stop ids, chat prompts, pieces and bytes),
+//! which every builder below shares; the builders themselves are in
+//! `spm.rs`, `bpe.rs`, `gguf.rs` and `hf.rs`.
 
 mod bpe;
 mod gguf;
