@@ -3,19 +3,11 @@
 //! Which layers slide is a fact of the header, read by the formats'
 //! `HeaderShape` into `ModelConfig::layer_sliding`.
 
-use spindle_formats::ArchFamily;
 use spindle_kernels::activation::Activation;
 
-/// A model family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    Gemma2,
-    Gemma3,
-}
+/// A model family: the formats' own list, so the header reader and the
+/// decoder cannot know different families.
+pub use spindle_formats::ArchFamily as Family;
 
 /// The data that configures the one decoder for a family.
 #[derive(Debug, Clone, Copy)]
@@ -37,45 +29,11 @@ pub struct ArchTraits {
     pub local_rope_base: Option<f32>,
 }
 
-impl From<ArchFamily> for Family {
-    fn from(f: ArchFamily) -> Family {
-        match f {
-            ArchFamily::Llama => Family::Llama,
-            ArchFamily::Mistral => Family::Mistral,
-            ArchFamily::Qwen2 => Family::Qwen2,
-            ArchFamily::Qwen3 => Family::Qwen3,
-            ArchFamily::Gemma2 => Family::Gemma2,
-            ArchFamily::Gemma3 => Family::Gemma3,
-        }
-    }
-}
-
-impl From<Family> for ArchFamily {
-    fn from(f: Family) -> ArchFamily {
-        match f {
-            Family::Llama => ArchFamily::Llama,
-            Family::Mistral => ArchFamily::Mistral,
-            Family::Qwen2 => ArchFamily::Qwen2,
-            Family::Qwen3 => ArchFamily::Qwen3,
-            Family::Gemma2 => ArchFamily::Gemma2,
-            Family::Gemma3 => ArchFamily::Gemma3,
-        }
-    }
-}
-
-impl Family {
-    /// The family for a GGUF `general.architecture` or a Hugging Face `model_type`.
-    pub fn from_name(name: &str) -> Option<Family> {
-        ArchFamily::from_name(name).map(Family::from)
-    }
-
-    pub fn name(self) -> &'static str {
-        ArchFamily::from(self).name()
-    }
-
-    pub fn traits(self) -> ArchTraits {
+impl ArchTraits {
+    /// What configures the decoder for `family`.
+    pub fn of(family: Family) -> ArchTraits {
         let base = ArchTraits {
-            family: self,
+            family,
             activation: Activation::Silu,
             qk_norm: false,
             qkv_bias: false,
@@ -91,7 +49,7 @@ impl Family {
             hf_norm_offset: 1.0,
             ..base
         };
-        match self {
+        match family {
             Family::Llama | Family::Mistral => base,
             Family::Qwen2 => ArchTraits {
                 qkv_bias: true,

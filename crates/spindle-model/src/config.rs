@@ -95,7 +95,7 @@ impl ModelConfig {
             // Llama 3 scaling is baked into the `rope_freqs.weight` tensor by the converter.
             _ => RopeScaling::None,
         };
-        let mut traits = family.traits();
+        let mut traits = ArchTraits::of(family);
         if let Some(base) = f("rope.freq_base_swa") {
             traits.local_rope_base = Some(base);
         }
@@ -135,7 +135,7 @@ impl ModelConfig {
             .vocab_size
             .ok_or_else(|| ModelError::MissingMetadata("vocab_size".into()))?;
         let cfg = config.text_config();
-        let mut traits = family.traits();
+        let mut traits = ArchTraits::of(family);
         let f = |k: &str| cfg.get_f64(k).map(|v| v as f32);
 
         // Rope parameters: transformers 5 nests them under `rope_parameters`
@@ -260,7 +260,6 @@ impl ModelConfig {
 fn known_family(arch: Result<HeaderArch, FormatError>) -> Result<Family, ModelError> {
     let arch = arch.map_err(header_error)?;
     arch.family
-        .map(Family::from)
         .ok_or(ModelError::UnsupportedArchitecture(arch.name))
 }
 
