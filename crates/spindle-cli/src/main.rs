@@ -1,6 +1,7 @@
 //! `spindle`: run, chat, score and measure language models on the CPU.
 
 mod commands;
+mod grammar;
 mod home;
 mod options;
 mod speculation;

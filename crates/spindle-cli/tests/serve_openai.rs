@@ -55,18 +55,18 @@ fn pydeps() -> PathBuf {
 /// Whether python3 can import the client (from `pydeps` or its own paths).
 fn client_available() -> bool {
     let ok = Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", "import openai, jsonschema"])
         .env("PYTHONPATH", pydeps())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        let fix = "python3 -m pip install --target target/pydeps openai";
+        let fix = "python3 -m pip install --target target/pydeps openai jsonschema";
         assert!(
             std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
-            "the openai Python client is missing: {fix}"
+            "the openai Python client or jsonschema is missing: {fix}"
         );
-        eprintln!("skipping: the openai Python client is missing ({fix})");
+        eprintln!("skipping: the openai Python client or jsonschema is missing ({fix})");
     }
     ok
 }
@@ -98,6 +98,50 @@ fn solo(model: &Path, prompt: &str, greedy: bool) -> String {
     v["text"].as_str().unwrap().to_string()
 }
 
+/// `spindle run --spec off --json-schema` output (greedy, 64 tokens): what
+/// the server, speculating, must give under the same schema.
+fn solo_schema(model: &Path) -> String {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 40},
+            "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+            "genres": {"type": "array", "items": {"enum": ["drama", "comedy", "horror"]}, "maxItems": 2}
+        },
+        "required": ["title", "year", "genres"],
+        "additionalProperties": false
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("schema.json");
+    std::fs::write(&file, schema.to_string()).unwrap();
+    let prompt = "My favourite film, as JSON:";
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["run", "-m"])
+        .arg(model)
+        .args([
+            "-p",
+            prompt,
+            "-n",
+            "64",
+            "--temp",
+            "0",
+            "--spec",
+            "off",
+            "--json",
+            "--json-schema",
+        ])
+        .arg(&file)
+        .output()
+        .expect("spindle run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::json!({"prompt": prompt, "schema": schema, "text": v["text"]}).to_string()
+}
+
 #[test]
 fn openai_client_against_a_live_server() {
     let Some(model) = common::real_model() else {
@@ -115,6 +159,7 @@ fn openai_client_against_a_live_server() {
         serde_json::Value::Object(map).to_string()
     };
     let (greedy, sampled) = (reference(true), reference(false));
+    let solo_schema = solo_schema(&model);
     let key = "test-key-123";
     let server = start(
         &model,
@@ -171,6 +216,7 @@ fn openai_client_against_a_live_server() {
         .env("SPINDLE_SOLO", greedy)
         .env("SPINDLE_SOLO_SAMPLED", sampled)
         .env("SPINDLE_DRAFT_URLS", draft_urls)
+        .env("SPINDLE_SOLO_SCHEMA", solo_schema)
         .status()
         .expect("python3 runs");
     assert!(

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use spindle_model::{Batch, KvCache, Model, Row, SeqId};
 
+use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::sampler::{sample, SamplerConfig};
 
@@ -19,6 +20,8 @@ pub struct GenerateRequest {
     pub sampler: SamplerConfig,
     /// Tokens that end generation (not emitted).
     pub stop_ids: Vec<u32>,
+    /// A grammar the output must match (see [`crate::constraint`]).
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerateRequest {
@@ -192,12 +195,20 @@ pub fn generate_on(
     let rules = req.rules(kv.max_len());
     let mut history = req.prompt.clone();
     let mut generated = 0;
+    let mut constraint = req.constraint.clone();
     let mut on_token = |t: u32, _: &[f32]| on_token(t);
     let finish = loop {
         if generated >= req.max_tokens {
             break FinishReason::Length;
         }
-        let token = match next_token(&rules, &logits, &mut history, &mut generated, &mut on_token) {
+        let token = match next_token(
+            &rules,
+            &logits,
+            &mut history,
+            &mut generated,
+            constraint.as_mut(),
+            &mut on_token,
+        ) {
             Next::Token(t) => t,
             Next::End(reason) => break reason,
         };
@@ -256,32 +267,49 @@ pub enum Next {
 /// position (keyed by seed and position), end at a stop token, emit it
 /// (`on_token(token, logits)` returns false to cancel), then end at the
 /// token limit or the context.
+///
+/// Under a `constraint`, tokens the grammar forbids get minus infinity
+/// before sampling (stop tokens stay allowed where the output may end), the
+/// emitted token advances the matcher, and a complete grammar ends
+/// generation (`Stop`).
 pub fn next_token(
     rules: &TokenRules,
     logits: &[f32],
     history: &mut Vec<u32>,
     generated: &mut usize,
+    mut constraint: Option<&mut Constraint>,
     on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
 ) -> Next {
     let pos = history.len();
-    let token = if rules.logit_bias.is_empty() {
+    let token = if rules.logit_bias.is_empty() && constraint.is_none() {
         sample(rules.sampler, logits, history, pos)
     } else {
-        let mut biased = logits.to_vec();
+        let mut adjusted = logits.to_vec();
         for &(id, b) in rules.logit_bias {
-            if let Some(v) = biased.get_mut(id as usize) {
+            if let Some(v) = adjusted.get_mut(id as usize) {
                 *v += b;
             }
         }
-        sample(rules.sampler, &biased, history, pos)
+        if let Some(c) = constraint.as_deref_mut() {
+            if !c.mask_logits(&mut adjusted, rules.stop_ids) {
+                return Next::End(FinishReason::Stop);
+            }
+        }
+        sample(rules.sampler, &adjusted, history, pos)
     };
     if rules.stop_ids.contains(&token) {
         return Next::End(FinishReason::Stop);
     }
     history.push(token);
     *generated += 1;
+    if let Some(c) = constraint.as_deref_mut() {
+        c.consume(token);
+    }
     if !on_token(token, logits) {
         return Next::End(FinishReason::Cancelled);
+    }
+    if constraint.is_some_and(|c| c.is_done()) {
+        return Next::End(FinishReason::Stop);
     }
     if *generated >= rules.max_tokens || pos + 1 >= rules.max_len {
         return Next::End(FinishReason::Length);

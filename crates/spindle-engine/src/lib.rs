@@ -1,6 +1,7 @@
 //! Sequences, sampling, the generation loop and scoring.
 
 pub mod bench;
+pub mod constraint;
 pub mod decide;
 pub mod error;
 pub mod generate;

@@ -114,6 +114,7 @@ fn greedy_generation_follows_the_reference_where_it_is_clear() {
         max_tokens: g.generated_ids.len(),
         sampler: SamplerConfig::default(),
         stop_ids: vec![],
+        constraint: None,
     };
     let out = generate(model, &mut kv, &req, |_| true).unwrap();
     // Tokens must agree up to the first step where the reference's top two
@@ -209,6 +210,7 @@ fn speculative_decoding_equals_plain_on_the_real_model() {
                 max_tokens: 40,
                 sampler: sampler.clone(),
                 stop_ids: tok.stop_ids(),
+                constraint: None,
             };
             let mut plain_kv = m.model.new_kv_cache(m.model.default_kv_type(), 1024, 1);
             let seq = plain_kv.add_sequence().unwrap();

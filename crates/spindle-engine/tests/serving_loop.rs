@@ -42,6 +42,7 @@ fn params(i: u64, max_tokens: usize) -> RequestParams {
         stop_ids: Vec::new(),
         logit_bias: Vec::new(),
         logprobs: None,
+        constraint: None,
     }
 }
 
@@ -53,6 +54,7 @@ fn alone(m: &LoadedModel, i: u64, max_tokens: usize) -> Vec<u32> {
         max_tokens,
         sampler: sampler(i),
         stop_ids: Vec::new(),
+        constraint: None,
     };
     generate(&m.model, &mut kv, &req, |_| true).unwrap().tokens
 }

@@ -31,6 +31,7 @@ fn request(prompt: &[u32], n: usize, sampler: SamplerConfig) -> GenerateRequest 
         max_tokens: n,
         sampler,
         stop_ids: Vec::new(),
+        constraint: None,
     }
 }
 

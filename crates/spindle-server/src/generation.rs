@@ -15,9 +15,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::ApiError;
-use crate::openai::SamplingFields;
+use crate::openai::{ResponseFormat, SamplingFields};
 use crate::text::TextStream;
 use crate::AppState;
+use spindle_engine::constraint::{Constraint, Grammar};
 
 /// Most choices per request.
 const MAX_N: u32 = 16;
@@ -174,6 +175,7 @@ pub fn build_job(
         seed,
         ..SamplerConfig::default()
     };
+    let constraint = constraint(state, f)?;
     let stop_ids = if f.ignore_eos.unwrap_or(false) {
         Vec::new()
     } else {
@@ -187,11 +189,75 @@ pub fn build_job(
             stop_ids,
             logit_bias,
             logprobs: logprobs.map(|k| k as usize),
+            constraint,
         },
         stops,
         n: n as usize,
         tenant: f.user.clone().unwrap_or(tenant),
     })
+}
+
+/// The grammar a request asks for (`response_format`, or one of llama.cpp's
+/// `json_schema`, `grammar` and `regex`), compiled: a grammar that does not
+/// compile is a 400 with the reason, before anything runs.
+fn constraint(state: &AppState, f: &SamplingFields) -> Result<Option<Constraint>, ApiError> {
+    if let Some(tools) = &f.tools {
+        let none = f.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none");
+        let empty = tools.as_array().is_some_and(|t| t.is_empty());
+        if !none && !empty {
+            return Err(ApiError::invalid(
+                "tools",
+                "tool calling is not supported yet: send no tools, or tool_choice \"none\"",
+            ));
+        }
+    }
+    let mut asked = Vec::new();
+    match &f.response_format {
+        None | Some(ResponseFormat::Text) => {}
+        Some(ResponseFormat::JsonObject) => asked.push(("response_format", Grammar::JsonObject)),
+        Some(ResponseFormat::JsonSchema { json_schema }) => {
+            let schema = json_schema.schema.clone().ok_or_else(|| {
+                ApiError::invalid(
+                    "response_format",
+                    "response_format.json_schema.schema is missing",
+                )
+            })?;
+            asked.push(("response_format", Grammar::JsonSchema(schema)));
+        }
+    }
+    if let Some(s) = &f.json_schema {
+        asked.push(("json_schema", Grammar::JsonSchema(s.clone())));
+    }
+    if let Some(g) = &f.grammar {
+        asked.push(("grammar", Grammar::Lark(g.clone())));
+    }
+    if let Some(r) = &f.regex {
+        asked.push(("regex", Grammar::Regex(r.clone())));
+    }
+    let (param, grammar) = match asked.len() {
+        0 => return Ok(None),
+        1 => asked.pop().expect("one"),
+        _ => {
+            let names: Vec<&str> = asked.iter().map(|a| a.0).collect();
+            return Err(ApiError::invalid(
+                asked[1].0,
+                format!(
+                    "give one of response_format, json_schema, grammar and regex; got {}",
+                    names.join(", ")
+                ),
+            ));
+        }
+    };
+    let compiler = state.grammars.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            param,
+            "structured output is not available for this model's vocabulary",
+        )
+    })?;
+    compiler
+        .compile(&grammar)
+        .map(Some)
+        .map_err(|e| ApiError::invalid(param, e.to_string()))
 }
 
 /// A refused submission as the client hears it: 429 with `Retry-After`

@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use spindle_engine::constraint::GrammarCompiler;
 use spindle_engine::scheduler::EngineHandle;
 use spindle_model::chat_template::ChatTemplate;
 use spindle_model::tokenizer::Tokenizer;
@@ -34,6 +35,9 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub request_timeout: Duration,
     pub created: u64,
+    /// Compiles `response_format`, `json_schema`, `grammar` and `regex`
+    /// against the model's vocabulary (built once, at start).
+    pub grammars: Option<GrammarCompiler>,
 }
 
 impl AppState {
@@ -44,6 +48,13 @@ impl AppState {
         api_key: Option<String>,
     ) -> AppState {
         let template = ChatTemplate::for_tokenizer(&tokenizer);
+        let grammars = match GrammarCompiler::new(&tokenizer) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::warn!("structured output is off: {e}");
+                None
+            }
+        };
         AppState {
             engine,
             tokenizer,
@@ -52,6 +63,7 @@ impl AppState {
             api_key,
             request_timeout: generation::default_timeout(),
             created: generation::now_unix(),
+            grammars,
         }
     }
 }

@@ -26,6 +26,34 @@ pub struct SamplingFields {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    /// OpenAI's structured output: `text`, `json_object` or `json_schema`.
+    pub response_format: Option<ResponseFormat>,
+    /// llama.cpp's extensions: a JSON schema, a Lark grammar, a regular
+    /// expression the output must match.
+    pub json_schema: Option<serde_json::Value>,
+    pub grammar: Option<String>,
+    pub regex: Option<String>,
+    /// Tool calling is not supported yet: refused unless `tool_choice` is
+    /// `none` (never silently ignored).
+    pub tools: Option<serde_json::Value>,
+    pub tool_choice: Option<serde_json::Value>,
+}
+
+/// `response_format` of a request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub schema: Option<serde_json::Value>,
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

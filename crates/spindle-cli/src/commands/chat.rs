@@ -8,6 +8,7 @@ use spindle_engine::GenerateRequest;
 use spindle_model::chat_template::ChatMessage;
 
 use crate::commands::run::encode_chat;
+use crate::grammar::GrammarArgs;
 use crate::options::{tokenizer, ModelArgs, SamplingArgs};
 use crate::speculation::{generate_with, SpecArgs};
 
@@ -25,12 +26,15 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
     let sampler = args.sampling.config()?;
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
+    let constraint = args.grammar.constraint(tok)?;
     let mut kv = args.model.kv_cache(&loaded, None)?;
     let mut drafter = args
         .spec
@@ -69,6 +73,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 ..sampler.clone()
             },
             stop_ids: tok.stop_ids(),
+            constraint: constraint.clone(),
         };
         let mut decoder = tok.stream_decoder();
         let budget = args.spec.spec_budget;

@@ -10,6 +10,7 @@ use spindle_engine::{GenerateOutput, GenerateRequest};
 use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
+use crate::grammar::GrammarArgs;
 use crate::options::{prompt_text, tokenizer, ModelArgs, SamplingArgs};
 use crate::speculation::{generate_with, SpecArgs};
 
@@ -30,6 +31,8 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
     /// Wrap the prompt in the model's chat template as a user turn.
     #[arg(long)]
     pub chat: bool,
@@ -70,12 +73,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let prompt = prompt_ids(tok, &text, args.chat)?;
+    let constraint = args.grammar.constraint(tok)?;
     let mut kv = args.model.kv_cache(&loaded, None)?;
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens: args.n,
         sampler: sampler.clone(),
         stop_ids: tok.stop_ids(),
+        constraint,
     };
 
     let mut drafter = args

@@ -13,6 +13,8 @@ Run by tests/serve_openai.rs, which starts the servers and passes:
   SPINDLE_SOLO_SAMPLED  the same at temperature 0.8, top-p 0.9, seed 11
   SPINDLE_DRAFT_URLS JSON: {mode: base URL} of servers started with
                      --spec draft:MODEL and --spec self
+  SPINDLE_SOLO_SCHEMA  JSON: {prompt, schema, text} of `spindle run --spec off
+                     --json-schema` (greedy, 64 tokens)
 Each check prints its name; any failure raises.
 """
 
@@ -35,6 +37,7 @@ MODEL = os.environ["SPINDLE_MODEL"]
 SOLO = json.loads(os.environ["SPINDLE_SOLO"])
 SOLO_SAMPLED = json.loads(os.environ["SPINDLE_SOLO_SAMPLED"])
 DRAFT_URLS = json.loads(os.environ["SPINDLE_DRAFT_URLS"])
+SOLO_SCHEMA = json.loads(os.environ["SPINDLE_SOLO_SCHEMA"])
 ROOT = URL[: -len("/v1")]
 
 client = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=120)
@@ -583,16 +586,124 @@ def _():
     wait_idle()
 
 
+STRUCTURED_SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                      "address": {"type": "object", "properties": {
+                                          "city": {"type": "string", "maxLength": 20},
+                                          "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                                          "required": ["city", "zip"], "additionalProperties": False}},
+     "required": ["name", "address"], "additionalProperties": False},
+    {"type": "object", "properties": {"colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                                 "minItems": 1, "maxItems": 4}},
+     "required": ["colors"], "additionalProperties": False},
+    {"type": "object", "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 10},
+                                      "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+                                      "ok": {"type": "boolean"},
+                                      "note": {"type": "string", "maxLength": 16}},
+     "required": ["score", "ratio", "ok"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0},
+                                                                 "tag": {"type": "string", "pattern": "^[a-z]{2,6}$"}},
+                                "required": ["id", "tag"], "additionalProperties": False},
+     "minItems": 1, "maxItems": 3},
+]
+
+
+@check("structured output: json_schema replies validate with jsonschema, streamed and not; json_object, regex, grammar")
+def _():
+    import re
+
+    import jsonschema
+
+    prompts = ["Describe a customer as JSON.", "Give me the data for the report."]
+    for i, schema in enumerate(STRUCTURED_SCHEMAS):
+        for stream in (False, True):
+            kw = dict(model=MODEL, max_tokens=160, temperature=0 if stream else 0.8, seed=i,
+                      messages=[{"role": "user", "content": prompts[i % 2]}],
+                      response_format={"type": "json_schema",
+                                       "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}})
+            if stream:
+                parts, finish = [], None
+                for chunk in client.chat.completions.create(stream=True, **kw):
+                    if chunk.choices:
+                        parts.append(chunk.choices[0].delta.content or "")
+                        finish = chunk.choices[0].finish_reason or finish
+                text = "".join(parts)
+            else:
+                c = client.chat.completions.create(**kw).choices[0]
+                text, finish = c.message.content, c.finish_reason
+            assert finish == "stop", (i, stream, finish, text)
+            jsonschema.validate(json.loads(text), schema)
+    # json_object, and llama.cpp's extensions on completions.
+    c = client.chat.completions.create(model=MODEL, max_tokens=120, temperature=0,
+                                       messages=[{"role": "user", "content": "A JSON object, please."}],
+                                       response_format={"type": "json_object"}).choices[0]
+    assert isinstance(json.loads(c.message.content), dict), c.message.content
+    r = raw("/v1/completions", json.dumps({"model": MODEL, "prompt": "Contact:", "max_tokens": 30, "temperature": 0,
+                                           "regex": "[a-z]{3,8}@[a-z]{3,8}\\.com"}).encode()).json()
+    assert re.fullmatch(r"[a-z]{3,8}@[a-z]{3,8}\.com", r["choices"][0]["text"]), r
+    r = raw("/v1/completions", json.dumps({"model": MODEL, "prompt": "Is the sky blue? Answer:", "max_tokens": 5,
+                                           "grammar": 'start: " yes" | " no"'}).encode()).json()
+    assert r["choices"][0]["text"] in (" yes", " no"), r
+    r = raw("/v1/completions", json.dumps({"model": MODEL, "prompt": "Data:", "max_tokens": 80, "temperature": 0,
+                                           "json_schema": STRUCTURED_SCHEMAS[2], "n": 3, "seed": 5,
+                                           "temperature": 0.9}).encode()).json()
+    for ch in r["choices"]:
+        jsonschema.validate(json.loads(ch["text"]), STRUCTURED_SCHEMAS[2])
+
+
+@check("structured output while speculating equals `spindle run --spec off --json-schema`")
+def _():
+    r = client.completions.create(model=MODEL, prompt=SOLO_SCHEMA["prompt"], max_tokens=64, temperature=0,
+                                  extra_body={"json_schema": SOLO_SCHEMA["schema"]})
+    assert r.choices[0].text == SOLO_SCHEMA["text"], (r.choices[0].text, SOLO_SCHEMA["text"])
+    for mode, url in DRAFT_URLS.items():
+        c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+        got = c.completions.create(model=MODEL, prompt=SOLO_SCHEMA["prompt"], max_tokens=64, temperature=0,
+                                   extra_body={"json_schema": SOLO_SCHEMA["schema"]}).choices[0].text
+        assert got == SOLO_SCHEMA["text"], (mode, got)
+
+
+@check("structured output refusals: bad schemas and grammars, two at once, tools are 400 with the reason")
+def _():
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    cases = [
+        ({**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
+         "response_format", "does not compile"),
+        ({**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
+         "schema is missing"),
+        ({**chat, "response_format": {"type": "yaml"}}, None, "invalid request body"),
+        ({**chat, "regex": "(unclosed"}, "regex", "does not compile"),
+        ({**chat, "grammar": "start: ( \"a\""}, "grammar", "does not compile"),
+        ({**chat, "regex": "a+", "json_schema": {"type": "object"}}, None, "give one of"),
+        ({**chat, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+         "tools", "not supported yet"),
+    ]
+    for body, param, needle in cases:
+        r = raw("/v1/chat/completions", json.dumps(body).encode())
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        err = r.json()["error"]
+        assert needle in err["message"], (needle, err)
+        if param:
+            assert err["param"] == param, (param, err)
+    ok = raw("/v1/chat/completions", json.dumps({**chat, "tool_choice": "none", "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}).encode())
+    assert ok.status_code == 200, ok.text
+    wait_idle()
+
+
 @check("fuzzed bodies never crash the server")
 def _():
     rng = random.Random(1)
     values = [None, True, -1, 0, 1, 2**40, -2.5, 1e308, "", "x" * 300, [], [1, "a"], {}, {"a": []}, [-1], [2**33],
               [{"id": "a", "kind": "choice", "options": ["x", "y"]}], [{"id": "", "kind": "score"}],
-              [{"role": "user", "content": "hi"}], "first_token", "mean"]
+              [{"role": "user", "content": "hi"}], "first_token", "mean", {"type": "json_object"},
+              {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}, {"type": "string", "maxLength": 3},
+              "start: \"a\"", "[0-9]+", "(("]
     fields = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
               "seed", "logprobs", "top_logprobs", "logit_bias", "stream", "stream_options", "min_p",
               "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "tokens", "user",
-              "state", "questions", "mode", "instructions"]
+              "state", "questions", "mode", "instructions", "response_format", "json_schema", "grammar", "regex",
+              "tools", "tool_choice"]
     for i in range(300):
         if i % 5 == 0:
             body = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))

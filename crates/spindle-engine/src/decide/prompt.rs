@@ -205,6 +205,7 @@ impl DecisionPlan {
                 stop_ids: Vec::new(),
                 logit_bias: Vec::new(),
                 logprobs: None,
+                constraint: None,
             },
             tenant: tenant.to_string(),
             score: Some(self.tree.clone()),

@@ -70,7 +70,7 @@ impl EngineLoop {
 
     /// Starts a new request (checked when it was submitted); gives it back
     /// if there is no room yet.
-    fn start(&mut self, w: Waiting) -> Option<Waiting> {
+    fn start(&mut self, mut w: Waiting) -> Option<Waiting> {
         let Some((seq, cached)) = self.open_sequence(&w.req.prompt) else {
             return Some(w);
         };
@@ -92,6 +92,7 @@ impl EngineLoop {
             _ => None,
         };
         let history = w.req.prompt.clone();
+        let constraint = w.req.params.constraint.take();
         let mut r = Sequence {
             phase: Phase::Prefilling {
                 fed: cached,
@@ -105,6 +106,7 @@ impl EngineLoop {
             generated: 0,
             last_token_at: None,
             speculation,
+            constraint,
         };
         if r.req.params.max_tokens == 0 && !scoring {
             finish(&self.metrics, &mut r, FinishReason::Length);

@@ -2,6 +2,7 @@
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::constraint::Constraint;
 use crate::error::{ErrorKind, RequestError};
 use crate::generate::{FinishReason, TokenRules};
 use crate::sampler::SamplerConfig;
@@ -19,6 +20,9 @@ pub struct RequestParams {
     /// Also report each token's log-probability and this many alternatives
     /// (`None`: no log-probabilities).
     pub logprobs: Option<usize>,
+    /// A grammar the output must match, compiled (each request gets its
+    /// own copy: `Clone` starts an independent matcher state).
+    pub constraint: Option<Constraint>,
 }
 
 impl RequestParams {

@@ -5,6 +5,7 @@ use std::time::Instant;
 use spindle_model::SeqId;
 
 use super::request::Request;
+use crate::constraint::Constraint;
 use crate::speculative::draft_step::Speculation;
 
 /// Where a running sequence is.
@@ -38,6 +39,8 @@ pub(super) struct Sequence {
     /// Its drafter and tree budget, when speculation is on (not for score
     /// requests).
     pub speculation: Option<Speculation>,
+    /// Where its output is in its grammar, if it has one.
+    pub constraint: Option<Constraint>,
 }
 
 impl Sequence {

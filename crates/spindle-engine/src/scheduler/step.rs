@@ -17,6 +17,7 @@ use super::metrics::Metrics;
 use super::request::{Event, Finished, TokenLogprobs};
 use super::score_tree::{push_score_tree, read_scores, PlacedTree};
 use super::sequence::{Phase, Sequence};
+use crate::constraint::Constraint;
 use crate::error::{EngineError, RequestError};
 use crate::generate::FinishReason;
 use crate::score::{log_softmax, top_k};
@@ -109,7 +110,12 @@ impl EngineLoop {
                             .set_pass_cost(fixed / n_decode as f64 + per_row, per_row);
                     }
                     let depth = draft_depth(r.req.params.max_tokens - r.generated, max_len, p);
-                    s.draft(&r.history, depth).unwrap_or_else(|e| {
+                    let forced = r
+                        .constraint
+                        .as_mut()
+                        .map(Constraint::forced)
+                        .unwrap_or_default();
+                    s.draft(&r.history, depth, &forced).unwrap_or_else(|e| {
                         // The walk decides the tokens either way.
                         tracing::warn!("drafting failed, decoding plainly this pass: {e}");
                         TokenTree::default()
@@ -225,6 +231,7 @@ impl EngineLoop {
             &rules,
             &mut r.history,
             &mut r.generated,
+            r.constraint.as_mut(),
             &mut emit,
         )?;
         if p.prompt_tokens == 0 {

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::drafter::Drafter;
+use super::drafter::{Draft, Drafter};
 use super::token_tree::{TokenTree, MAX_DEPTH};
 use super::tree_budget::TreeBudget;
 use crate::error::EngineError;
@@ -26,28 +26,64 @@ pub fn draft_depth(left: usize, max_len: usize, pos: usize) -> usize {
 /// The tree to verify after the last token of `history` (the pending
 /// token, not run yet): at most `depth` deep, sized by `budget`. Empty when
 /// drafting does not pay (plain decoding).
+///
+/// `forced` is what a grammar forces next (a schema's keys and
+/// punctuation): it rides the tree whatever drafting is worth, since the
+/// walk is certain to accept it (the mask leaves the model no other
+/// choice), and the drafter continues from its end.
 pub fn draft_tree(
     drafter: &mut dyn Drafter,
     budget: &mut TreeBudget,
     history: &[u32],
     depth: usize,
+    forced: &[u32],
 ) -> Result<TokenTree, EngineError> {
-    let ask = budget.draft_len(depth);
-    if ask == 0 {
+    let forced = &forced[..forced.len().min(depth).min(budget.max_nodes)];
+    let ask = budget.draft_len(depth - forced.len());
+    if ask == 0 && forced.is_empty() {
         return Ok(TokenTree::default());
     }
-    let t = Instant::now();
-    let drafts = drafter.propose(history, ask)?;
-    let drafted: usize = drafts.iter().map(|d| d.tokens.len()).sum();
-    budget.record_draft(drafted, t.elapsed().as_secs_f64());
+    let mut drafts = Vec::new();
+    if ask > 0 {
+        let t = Instant::now();
+        let proposed = if forced.is_empty() {
+            drafter.propose(history, ask)?
+        } else {
+            drafter.propose(&[history, forced].concat(), ask)?
+        };
+        for d in proposed {
+            let mut tokens = forced.to_vec();
+            tokens.extend(d.tokens);
+            let mut probs = vec![1.0; forced.len()];
+            probs.extend(d.probs);
+            drafts.push(Draft { tokens, probs });
+        }
+        let drafted: usize = drafts.iter().map(|d| d.tokens.len() - forced.len()).sum();
+        budget.record_draft(drafted, t.elapsed().as_secs_f64());
+    }
+    if drafts.is_empty() && !forced.is_empty() {
+        drafts.push(Draft::uniform(forced.to_vec(), 1.0));
+    }
     let full = TokenTree::build(&drafts, budget.max_nodes);
-    let keep = budget.choose(&full);
+    // Forced nodes have reach 1, so they come first in any cut.
+    let keep = budget.choose(&full).max(forced.len());
     Ok(full.cut(keep))
 }
 
 impl Speculation {
     /// [`draft_tree`] with this sequence's drafter and policy.
-    pub fn draft(&mut self, history: &[u32], depth: usize) -> Result<TokenTree, EngineError> {
-        draft_tree(self.drafter.as_mut(), &mut self.budget, history, depth)
+    pub fn draft(
+        &mut self,
+        history: &[u32],
+        depth: usize,
+        forced: &[u32],
+    ) -> Result<TokenTree, EngineError> {
+        draft_tree(
+            self.drafter.as_mut(),
+            &mut self.budget,
+            history,
+            depth,
+            forced,
+        )
     }
 }

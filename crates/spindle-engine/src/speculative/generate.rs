@@ -16,6 +16,7 @@ use super::draft_step::{draft_depth, draft_tree};
 use super::drafter::Drafter;
 use super::tree_budget::TreeBudget;
 use super::verify::{push_tree, walk, LazyLogits};
+use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::generate::{
     next_token, prefill, FinishReason, GenerateOutput, GenerateRequest, GenerateStats, Next,
@@ -85,6 +86,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
         let t1 = Instant::now();
         let rules = self.req.rules(kv.max_len());
         let mut generated = 0;
+        let mut constraint = self.req.constraint.clone();
         let on_token = &mut *self.on_token;
         let mut emit = |t: u32, _: &[f32]| on_token(t);
 
@@ -95,6 +97,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
                 &logits,
                 &mut self.history,
                 &mut generated,
+                constraint.as_mut(),
                 &mut emit,
             ) {
                 Next::Token(_) => None,
@@ -105,7 +108,11 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             // The last emitted token is pending (not run yet), at `p`.
             let p = self.history.len() - 1;
             let depth = draft_depth(self.req.max_tokens - generated, rules.max_len, p);
-            let tree = draft_tree(drafter, policy, &self.history, depth)?;
+            let forced = constraint
+                .as_mut()
+                .map(Constraint::forced)
+                .unwrap_or_default();
+            let tree = draft_tree(drafter, policy, &self.history, depth, &forced)?;
 
             let mut batch = Batch::new();
             let token = self.history[p];
@@ -123,6 +130,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
                 &rules,
                 &mut self.history,
                 &mut generated,
+                constraint.as_mut(),
                 &mut emit,
             )?;
             policy.record_pass(batch.len(), t.elapsed().as_secs_f64());

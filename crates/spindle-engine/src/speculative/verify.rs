@@ -15,6 +15,7 @@ use std::ops::Range;
 use spindle_model::{Batch, Hidden, Logits, Model, Row, SeqId};
 
 use super::token_tree::TokenTree;
+use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::generate::{next_token, FinishReason, Next, TokenRules};
 
@@ -45,7 +46,8 @@ impl Walk {
 /// token. An empty tree is plain decoding of one token.
 ///
 /// `history` holds the prompt and every emitted token (the root's token
-/// last); the walk appends what it emits, and `generated` counts it.
+/// last); the walk appends what it emits, and `generated` counts it. A
+/// `constraint` masks every token chosen and follows the emitted ones.
 #[allow(clippy::too_many_arguments)]
 pub fn walk(
     model: &Model,
@@ -55,6 +57,7 @@ pub fn walk(
     rules: &TokenRules,
     history: &mut Vec<u32>,
     generated: &mut usize,
+    mut constraint: Option<&mut Constraint>,
     on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
 ) -> Result<Walk, EngineError> {
     let mut path = vec![root];
@@ -62,7 +65,8 @@ pub fn walk(
     loop {
         let row = *path.last().expect("the path starts at the root");
         let l = logits.row(model, row, || likeliest_path(tree, root, row))?;
-        let token = match next_token(rules, l, history, generated, on_token) {
+        let c = constraint.as_deref_mut();
+        let token = match next_token(rules, l, history, generated, c, on_token) {
             Next::Token(t) => t,
             Next::End(reason) => {
                 return Ok(Walk {

@@ -1,0 +1,227 @@
+//! Constrained decoding: a grammar (a JSON schema, a Lark grammar, a
+//! regular expression) compiled by llguidance against the model's
+//! vocabulary, and a matcher per sequence that gives the tokens allowed
+//! next. Plain decoding's token step ([`crate::generate::next_token`])
+//! applies the mask, so every decoder (plain, speculative walks, the
+//! serving loop, each of `n` choices) chooses under the same constraint,
+//! and speculative output stays exactly plain output.
+//!
+//! The matcher follows the emitted tokens only: a walk emits exactly what
+//! plain decoding would, one token at a time, so nothing drafted is ever
+//! consumed and nothing needs rolling back. A mask is computed only for a
+//! token that is being chosen.
+
+mod token_env;
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use spindle_model::tokenizer::Tokenizer;
+use toktrie::InferenceCapabilities;
+
+pub use token_env::SpindleTokEnv;
+
+/// What the output must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// A JSON Schema (draft 2020-12 as llguidance reads it).
+    JsonSchema(serde_json::Value),
+    /// Any JSON object.
+    JsonObject,
+    /// A grammar in llguidance's Lark syntax.
+    Lark(String),
+    /// A regular expression (Rust `regex` syntax) the whole output matches.
+    Regex(String),
+}
+
+impl Grammar {
+    /// The name of the request field a grammar of this kind comes from.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Grammar::JsonSchema(_) => "json_schema",
+            Grammar::JsonObject => "json_object",
+            Grammar::Lark(_) => "grammar",
+            Grammar::Regex(_) => "regex",
+        }
+    }
+
+    fn top_level(&self) -> TopLevelGrammar {
+        match self {
+            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
+            Grammar::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
+            }
+            Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
+        }
+    }
+}
+
+/// JSON is written on one line with a space after `,` and `:` (as
+/// `json.dumps` does) unless the schema sets its own `x-guidance` layout:
+/// then keys, quotes and punctuation are forced, so they ride speculative
+/// trees as certain drafts instead of leaving the model to choose
+/// whitespace.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": "
+            })
+        });
+    }
+    schema
+}
+
+/// A grammar that does not compile, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the {kind} does not compile: {reason}")]
+pub struct GrammarError {
+    pub kind: &'static str,
+    pub reason: String,
+}
+
+/// Compiles grammars against one model's vocabulary (the token trie is
+/// built once, when the compiler is made: about a second for 262k tokens).
+#[derive(Clone)]
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GrammarCompiler")
+    }
+}
+
+impl GrammarCompiler {
+    pub fn new(tokenizer: &Tokenizer) -> Result<GrammarCompiler, GrammarError> {
+        let env = SpindleTokEnv::new_env(tokenizer);
+        let mut factory = ParserFactory::new(
+            &env,
+            InferenceCapabilities::default(),
+            &llguidance::earley::SlicedBiasComputer::general_slices(),
+        )
+        .map_err(|e| GrammarError {
+            kind: "vocabulary",
+            reason: e.to_string(),
+        })?;
+        // Errors come back as values; nothing is printed.
+        factory.set_stderr_log_level(0);
+        Ok(GrammarCompiler {
+            factory: Arc::new(factory),
+        })
+    }
+
+    /// A fresh matcher for `grammar`, or why it does not compile.
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
+        let err = |reason: String| GrammarError {
+            kind: grammar.kind(),
+            reason,
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar.top_level())
+            .map_err(|e| err(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(err(e));
+        }
+        Ok(Constraint { matcher })
+    }
+}
+
+/// One sequence's position in its grammar.
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl Clone for Constraint {
+    /// An independent copy (each of `n` choices walks its own).
+    fn clone(&self) -> Constraint {
+        Constraint {
+            matcher: self.matcher.deep_clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+/// What the grammar allows next.
+pub enum Allowed {
+    /// These tokens (a mask over the vocabulary), and `stop_ids` too when
+    /// the output may end here.
+    Tokens {
+        mask: toktrie::SimpleVob,
+        may_end: bool,
+    },
+    /// The grammar is complete: generation ends.
+    Done,
+}
+
+impl Constraint {
+    /// The tokens allowed next. A matcher in error allows nothing more
+    /// (generation ends), which cannot happen for tokens it allowed.
+    pub fn allowed(&mut self) -> Allowed {
+        if self.matcher.is_stopped() {
+            return Allowed::Done;
+        }
+        let may_end = self.matcher.is_accepting().unwrap_or(false);
+        match self.matcher.compute_mask() {
+            Ok(mask) if !mask.is_zero() || may_end => Allowed::Tokens { mask, may_end },
+            Ok(_) => Allowed::Done,
+            Err(e) => {
+                tracing::warn!("the grammar matcher failed, ending the output: {e}");
+                Allowed::Done
+            }
+        }
+    }
+
+    /// Advances past an emitted token (one the mask allowed).
+    pub fn consume(&mut self, token: u32) {
+        if let Err(e) = self.matcher.consume_token(token) {
+            tracing::warn!("the grammar matcher refused token {token}: {e}");
+        }
+    }
+
+    /// Whether nothing more may follow.
+    pub fn is_done(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Tokens the grammar forces next, whatever the model says (a schema's
+    /// keys and punctuation): drafts certain to be accepted.
+    pub fn forced(&mut self) -> Vec<u32> {
+        if self.matcher.is_stopped() {
+            return Vec::new();
+        }
+        self.matcher.deep_clone().compute_ff_tokens()
+    }
+
+    /// Sets every logit the grammar forbids to minus infinity (stop tokens
+    /// stay allowed where the output may end). `false` when generation must
+    /// end instead.
+    pub fn mask_logits(&mut self, logits: &mut [f32], stop_ids: &[u32]) -> bool {
+        let Allowed::Tokens { mask, may_end } = self.allowed() else {
+            return false;
+        };
+        for (id, l) in logits.iter_mut().enumerate() {
+            let id = id as u32;
+            let ok = (id as usize) < mask.len() && mask.is_allowed(id)
+                || may_end && stop_ids.contains(&id);
+            if !ok {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        true
+    }
+}
