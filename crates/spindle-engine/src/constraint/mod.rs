@@ -207,6 +207,23 @@ impl Constraint {
         self.matcher.deep_clone().compute_ff_tokens()
     }
 
+    /// Fits a draft to the grammar: of `draft` (tokens after `forced`, the
+    /// run the grammar forces now), the longest prefix it allows, then the
+    /// run it forces after that prefix. Drafted tokens the grammar forbids
+    /// would be rejected anyway; the forced tail is certain once the
+    /// prefix is accepted.
+    pub fn fit_draft(&self, forced: &[u32], draft: &[u32]) -> (usize, Vec<u32>) {
+        let mut m = self.matcher.deep_clone();
+        if m.consume_tokens(forced).is_err() {
+            return (0, Vec::new());
+        }
+        let valid = m.try_consume_tokens(draft).unwrap_or(0);
+        if m.is_stopped() {
+            return (valid, Vec::new());
+        }
+        (valid, m.compute_ff_tokens())
+    }
+
     /// Sets every logit the grammar forbids to minus infinity (stop tokens
     /// stay allowed where the output may end). `false` when generation must
     /// end instead.

@@ -17,7 +17,6 @@ use super::metrics::Metrics;
 use super::request::{Event, Finished, TokenLogprobs};
 use super::score_tree::{push_score_tree, read_scores, PlacedTree};
 use super::sequence::{Phase, Sequence};
-use crate::constraint::Constraint;
 use crate::error::{EngineError, RequestError};
 use crate::generate::FinishReason;
 use crate::score::{log_softmax, top_k};
@@ -110,16 +109,12 @@ impl EngineLoop {
                             .set_pass_cost(fixed / n_decode as f64 + per_row, per_row);
                     }
                     let depth = draft_depth(r.req.params.max_tokens - r.generated, max_len, p);
-                    let forced = r
-                        .constraint
-                        .as_mut()
-                        .map(Constraint::forced)
-                        .unwrap_or_default();
-                    s.draft(&r.history, depth, &forced).unwrap_or_else(|e| {
-                        // The walk decides the tokens either way.
-                        tracing::warn!("drafting failed, decoding plainly this pass: {e}");
-                        TokenTree::default()
-                    })
+                    s.draft(&r.history, depth, r.constraint.as_mut())
+                        .unwrap_or_else(|e| {
+                            // The walk decides the tokens either way.
+                            tracing::warn!("drafting failed, decoding plainly this pass: {e}");
+                            TokenTree::default()
+                        })
                 }
                 _ => TokenTree::default(),
             };

@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::drafter::{Draft, Drafter};
 use super::token_tree::{TokenTree, MAX_DEPTH};
 use super::tree_budget::TreeBudget;
+use crate::constraint::Constraint;
 use crate::error::EngineError;
 
 /// A sequence's speculation: its drafter and its tree-size policy.
@@ -31,13 +32,20 @@ pub fn draft_depth(left: usize, max_len: usize, pos: usize) -> usize {
 /// punctuation): it rides the tree whatever drafting is worth, since the
 /// walk is certain to accept it (the mask leaves the model no other
 /// choice), and the drafter continues from its end.
+///
+/// Under a `constraint`, each drafted continuation is cut where the grammar
+/// forbids it and extended by what the grammar then forces.
 pub fn draft_tree(
     drafter: &mut dyn Drafter,
     budget: &mut TreeBudget,
     history: &[u32],
     depth: usize,
-    forced: &[u32],
+    mut constraint: Option<&mut Constraint>,
 ) -> Result<TokenTree, EngineError> {
+    let forced = constraint
+        .as_deref_mut()
+        .map(Constraint::forced)
+        .unwrap_or_default();
     let forced = &forced[..forced.len().min(depth).min(budget.max_nodes)];
     let ask = budget.draft_len(depth - forced.len());
     if ask == 0 && forced.is_empty() {
@@ -53,12 +61,28 @@ pub fn draft_tree(
         };
         for d in proposed {
             let mut tokens = forced.to_vec();
-            tokens.extend(d.tokens);
             let mut probs = vec![1.0; forced.len()];
-            probs.extend(d.probs);
+            match constraint.as_deref() {
+                Some(c) => {
+                    let (valid, tail) = c.fit_draft(forced, &d.tokens);
+                    tokens.extend(&d.tokens[..valid]);
+                    probs.extend(&d.probs[..valid]);
+                    tokens.extend(&tail);
+                    probs.extend(std::iter::repeat_n(1.0, tail.len()));
+                }
+                None => {
+                    tokens.extend(d.tokens);
+                    probs.extend(d.probs);
+                }
+            }
+            tokens.truncate(depth);
+            probs.truncate(depth);
             drafts.push(Draft { tokens, probs });
         }
-        let drafted: usize = drafts.iter().map(|d| d.tokens.len() - forced.len()).sum();
+        let drafted: usize = drafts
+            .iter()
+            .map(|d| d.tokens.len().saturating_sub(forced.len()))
+            .sum();
         budget.record_draft(drafted, t.elapsed().as_secs_f64());
     }
     if drafts.is_empty() && !forced.is_empty() {
@@ -76,14 +100,14 @@ impl Speculation {
         &mut self,
         history: &[u32],
         depth: usize,
-        forced: &[u32],
+        constraint: Option<&mut Constraint>,
     ) -> Result<TokenTree, EngineError> {
         draft_tree(
             self.drafter.as_mut(),
             &mut self.budget,
             history,
             depth,
-            forced,
+            constraint,
         )
     }
 }

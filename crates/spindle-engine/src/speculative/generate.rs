@@ -16,7 +16,6 @@ use super::draft_step::{draft_depth, draft_tree};
 use super::drafter::Drafter;
 use super::tree_budget::TreeBudget;
 use super::verify::{push_tree, walk, LazyLogits};
-use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::generate::{
     next_token, prefill, FinishReason, GenerateOutput, GenerateRequest, GenerateStats, Next,
@@ -108,11 +107,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             // The last emitted token is pending (not run yet), at `p`.
             let p = self.history.len() - 1;
             let depth = draft_depth(self.req.max_tokens - generated, rules.max_len, p);
-            let forced = constraint
-                .as_mut()
-                .map(Constraint::forced)
-                .unwrap_or_default();
-            let tree = draft_tree(drafter, policy, &self.history, depth, &forced)?;
+            let tree = draft_tree(drafter, policy, &self.history, depth, constraint.as_mut())?;
 
             let mut batch = Batch::new();
             let token = self.history[p];
