@@ -82,11 +82,18 @@ fn solo(model: &Path, prompt: &str, greedy: bool) -> String {
             "--temp", "0.8", "--top-p", "0.9", "--top-k", "0", "--min-p", "0", "--seed", "11",
         ]
     };
+    let mut args = vec!["-p", prompt, "-n", "24"];
+    args.extend(sampling);
+    run_text(model, &args)
+}
+
+/// The text of `spindle run -m MODEL ARGS --spec off --json`.
+fn run_text(model: &Path, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
         .args(["run", "-m"])
         .arg(model)
-        .args(["-p", prompt, "-n", "24", "--spec", "off", "--json"])
-        .args(sampling)
+        .args(args)
+        .args(["--spec", "off", "--json"])
         .output()
         .expect("spindle run");
     assert!(
@@ -115,31 +122,21 @@ fn solo_schema(model: &Path) -> String {
     let file = dir.path().join("schema.json");
     std::fs::write(&file, schema.to_string()).unwrap();
     let prompt = "My favourite film, as JSON:";
-    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["run", "-m"])
-        .arg(model)
-        .args([
+    let path = file.to_str().expect("a UTF-8 temporary path");
+    let text = run_text(
+        model,
+        &[
             "-p",
             prompt,
             "-n",
             "64",
             "--temp",
             "0",
-            "--spec",
-            "off",
-            "--json",
             "--json-schema",
-        ])
-        .arg(&file)
-        .output()
-        .expect("spindle run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            path,
+        ],
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    serde_json::json!({"prompt": prompt, "schema": schema, "text": v["text"]}).to_string()
+    serde_json::json!({"prompt": prompt, "schema": schema, "text": text}).to_string()
 }
 
 #[test]
