@@ -100,16 +100,7 @@ impl ModelConfig {
             traits.local_rope_base = Some(base);
         }
         let attn_scale = f("attention.scale").unwrap_or(1.0 / (h.head_dim as f32).sqrt());
-        Ok(ModelConfig {
-            arch: traits,
-            n_layers: h.n_layers,
-            n_embd: h.n_embd,
-            n_ff: h.n_ff,
-            n_head: h.n_heads,
-            n_head_kv: h.n_kv_heads,
-            head_dim: h.head_dim,
-            vocab_size,
-            context_length: h.context_length,
+        let reads = Reads {
             rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_base: f("rope.freq_base").unwrap_or(10_000.0),
             // GGUF Llama q/k rows are permuted at conversion so pairs are adjacent.
@@ -119,12 +110,11 @@ impl ModelConfig {
                 RopeStyle::Neox
             },
             rope_scaling,
-            sliding_window: h.sliding_window,
-            layer_sliding: h.layer_sliding,
             attn_scale,
             attn_softcap: f("attn_logit_softcapping").filter(|&c| c > 0.0),
             final_softcap: f("final_logit_softcapping").filter(|&c| c > 0.0),
-        })
+        };
+        Ok(ModelConfig::shaped(h, traits, vocab_size, reads))
     }
 
     /// From a Hugging Face `config.json`.
@@ -198,8 +188,24 @@ impl ModelConfig {
             Some(s) if matches!(family, Family::Gemma2 | Family::Gemma3) => 1.0 / s.sqrt(),
             _ => 1.0 / (h.head_dim as f32).sqrt(),
         };
-        Ok(ModelConfig {
-            arch: traits,
+        let reads = Reads {
+            rms_eps: f("rms_norm_eps").unwrap_or(1e-6),
+            rope_base,
+            rope_style: RopeStyle::Neox,
+            rope_scaling,
+            attn_scale,
+            attn_softcap: f("attn_logit_softcapping").filter(|&c| c > 0.0),
+            final_softcap: f("final_logit_softcapping").filter(|&c| c > 0.0),
+        };
+        Ok(ModelConfig::shaped(h, traits, vocab_size, reads))
+    }
+
+    /// The config of a model whose shape is `h` (dimensions, context,
+    /// sliding layers: the header facts both file formats share) and whose
+    /// other hyper-parameters each reader took from its own keys.
+    fn shaped(h: HeaderShape, arch: ArchTraits, vocab_size: usize, r: Reads) -> ModelConfig {
+        ModelConfig {
+            arch,
             n_layers: h.n_layers,
             n_embd: h.n_embd,
             n_ff: h.n_ff,
@@ -208,16 +214,16 @@ impl ModelConfig {
             head_dim: h.head_dim,
             vocab_size,
             context_length: h.context_length,
-            rms_eps: f("rms_norm_eps").unwrap_or(1e-6),
-            rope_base,
-            rope_style: RopeStyle::Neox,
-            rope_scaling,
+            rms_eps: r.rms_eps,
+            rope_base: r.rope_base,
+            rope_style: r.rope_style,
+            rope_scaling: r.rope_scaling,
             sliding_window: h.sliding_window,
             layer_sliding: h.layer_sliding,
-            attn_scale,
-            attn_softcap: f("attn_logit_softcapping").filter(|&c| c > 0.0),
-            final_softcap: f("final_logit_softcapping").filter(|&c| c > 0.0),
-        })
+            attn_scale: r.attn_scale,
+            attn_softcap: r.attn_softcap,
+            final_softcap: r.final_softcap,
+        }
     }
 
     /// Per-pair frequency divisors for Llama 3 scaling (the reference's formula).
@@ -253,6 +259,18 @@ impl ModelConfig {
                 .collect(),
         )
     }
+}
+
+/// What GGUF metadata and `config.json` spell differently, each read by
+/// its own reader.
+struct Reads {
+    rms_eps: f32,
+    rope_base: f32,
+    rope_style: RopeStyle,
+    rope_scaling: RopeScaling,
+    attn_scale: f32,
+    attn_softcap: Option<f32>,
+    final_softcap: Option<f32>,
 }
 
 /// The family of a header's architecture, or the typed refusal of one

@@ -204,7 +204,8 @@ impl Constraint {
         if self.matcher.is_stopped() {
             return Vec::new();
         }
-        self.matcher.deep_clone().compute_ff_tokens()
+        // Computing them does not advance the matcher (it only caches).
+        self.matcher.compute_ff_tokens()
     }
 
     /// Fits a draft to the grammar: of `draft` (tokens after `forced`, the

@@ -112,14 +112,13 @@ impl Request {
                 "the prompt is empty: give at least one token",
             ));
         }
-        let outside = |ids: &mut dyn Iterator<Item = u32>| first_outside(ids, vocab);
-        if let Some(bad) = outside(&mut self.prompt.iter().copied()) {
+        if let Some(bad) = first_outside(self.prompt.iter().copied(), vocab) {
             return Err(RequestError::invalid(
                 "prompt",
                 format!("token id {bad} is outside the vocabulary of {vocab}"),
             ));
         }
-        if let Some(bad) = outside(&mut self.params.logit_bias.iter().map(|b| b.0)) {
+        if let Some(bad) = first_outside(self.params.logit_bias.iter().map(|b| b.0), vocab) {
             return Err(RequestError::invalid(
                 "logit_bias",
                 format!("logit_bias keys must be token ids below {vocab}, got {bad}"),
@@ -139,7 +138,7 @@ impl Request {
                 let depth = tree.depth().map_err(|e| {
                     RequestError::invalid("questions", format!("the score tree is malformed: {e}"))
                 })?;
-                if let Some(bad) = outside(&mut tree.nodes.iter().map(|n| n.0)) {
+                if let Some(bad) = first_outside(tree.nodes.iter().map(|n| n.0), vocab) {
                     return Err(RequestError::invalid(
                         "questions",
                         format!("token id {bad} is outside the vocabulary of {vocab}"),
@@ -166,8 +165,7 @@ impl Request {
 }
 
 /// The first id of `ids` that is not below `vocab`.
-fn first_outside(ids: impl Iterator<Item = u32>, vocab: usize) -> Option<u32> {
-    let mut ids = ids;
+fn first_outside(mut ids: impl Iterator<Item = u32>, vocab: usize) -> Option<u32> {
     ids.find(|&t| t as usize >= vocab)
 }
 
