@@ -167,6 +167,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let tree_budget = args.spec.tree_budget()?;
     let path = args.model.resolve()?;
+    // What does not fit even without drafts is refused before anything loads.
+    let without_drafts = kv_pool(&args, &path, &|_| 0)?;
     let loaded = args.model.load()?;
     let threads = loaded.model.n_threads();
     let drafts = args.spec.source(&loaded.model, threads)?;
@@ -175,7 +177,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .as_ref()
             .map_or(0, |d| (d.kv_bytes(ctx) * args.max_seqs) as u64)
     };
-    let (ctx, pool_tokens) = kv_pool(&args, &path, &draft_bytes)?;
+    // A draft model's KV caches need the model loaded to be sized.
+    let (ctx, pool_tokens) = match draft_bytes(without_drafts.0) {
+        0 => without_drafts,
+        _ => kv_pool(&args, &path, &draft_bytes)?,
+    };
     check_memory_with_drafts(&args, &path, ctx, draft_bytes(ctx))?;
     let tok = tokenizer(&loaded)?.clone();
     let ty = args.model.kv_type(&loaded.model)?;
