@@ -175,6 +175,7 @@ pub fn build_job(
         seed,
         ..SamplerConfig::default()
     };
+    refuse_tools(f)?;
     let constraint = constraint(state, f)?;
     let stop_ids = if f.ignore_eos.unwrap_or(false) {
         Vec::new()
@@ -197,20 +198,26 @@ pub fn build_job(
     })
 }
 
+/// Tool calling is not supported yet: `tools` is refused (never silently
+/// dropped) unless there are none or `tool_choice` is `none`.
+fn refuse_tools(f: &SamplingFields) -> Result<(), ApiError> {
+    let Some(tools) = &f.tools else {
+        return Ok(());
+    };
+    let none = f.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none");
+    if none || tools.as_array().is_some_and(|t| t.is_empty()) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "tools",
+        "tool calling is not supported yet: send no tools, or tool_choice \"none\"",
+    ))
+}
+
 /// The grammar a request asks for (`response_format`, or one of llama.cpp's
 /// `json_schema`, `grammar` and `regex`), compiled: a grammar that does not
 /// compile is a 400 with the reason, before anything runs.
 fn constraint(state: &AppState, f: &SamplingFields) -> Result<Option<Constraint>, ApiError> {
-    if let Some(tools) = &f.tools {
-        let none = f.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none");
-        let empty = tools.as_array().is_some_and(|t| t.is_empty());
-        if !none && !empty {
-            return Err(ApiError::invalid(
-                "tools",
-                "tool calling is not supported yet: send no tools, or tool_choice \"none\"",
-            ));
-        }
-    }
     let mut asked = Vec::new();
     match &f.response_format {
         None | Some(ResponseFormat::Text) => {}
