@@ -2,7 +2,8 @@
 //!
 //! Templates are Jinja, rendered with minijinja under Hugging Face's
 //! conventions: `trim_blocks` and `lstrip_blocks`, the variables `messages`,
-//! `add_generation_prompt`, `bos_token` and `eos_token`, the functions
+//! `add_generation_prompt`, `bos_token`, `eos_token` and `tools` (the
+//! functions a model may call, `none` when there are none), the functions
 //! `raise_exception(msg)` and `strftime_now(fmt)`, a `tojson` filter that
 //! writes JSON as Python's `json.dumps` does, and Python string and dict
 //! methods (`.strip()`, `.startswith()`, `.split()`, `.items()`, ...).
@@ -21,11 +22,23 @@ use serde::{Deserialize, Serialize};
 use crate::tokenizer::Tokenizer;
 
 /// One turn of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant` (some templates know `tool` too).
+    /// `system`, `user` or `assistant` (templates with tools know `tool` too).
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls, as templates with tools read them:
+    /// `{"id", "type": "function", "function": {"name", "arguments"}}` with
+    /// `arguments` an object (as Hugging Face passes them), not a string.
+    /// Left out of the template's view when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -33,6 +46,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..ChatMessage::default()
         }
     }
 }
@@ -127,11 +141,31 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Whether the template reads `tools` (it describes callable functions
+    /// to the model itself, in the model's own format).
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
     /// Renders `messages`. With `add_generation_prompt`, the text ends with
     /// the start of an assistant turn for the model to complete.
     pub fn render(
         &self,
         messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt, bos_token, eos_token)
+    }
+
+    /// [`ChatTemplate::render`] with the functions the model may call
+    /// (`[{"type": "function", "function": {"name", "description",
+    /// "parameters"}}]`), for templates that describe them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
         bos_token: &str,
         eos_token: &str,
@@ -143,6 +177,7 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => bos_token,
                 eos_token => eos_token,
@@ -163,8 +198,20 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        self.render(
+        self.render_tools_for(tokenizer, messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with `tokenizer`'s BOS and EOS texts.
+    pub fn render_tools_for(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        self.render_with_tools(
             messages,
+            tools,
             add_generation_prompt,
             tokenizer.bos_token().as_deref().unwrap_or(""),
             tokenizer.eos_token().as_deref().unwrap_or(""),

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::error::ApiError;
 use crate::openai::{ResponseFormat, SamplingFields};
 use crate::text::TextStream;
+use crate::tools::{ParsedCall, ReplyWatch};
 use crate::AppState;
 use spindle_engine::constraint::{Constraint, Grammar};
 
@@ -32,6 +33,8 @@ pub struct Job {
     pub stops: Vec<String>,
     pub n: usize,
     pub tenant: String,
+    /// Reads tool calls out of each choice (chat requests that offer tools).
+    pub watch: Option<ReplyWatch>,
 }
 
 /// Part of a choice, in order: deltas, then one `Done` or `Failed`.
@@ -41,6 +44,11 @@ pub enum Piece {
         index: usize,
         text: String,
         tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    },
+    /// The calls a choice made (just before its `Done`).
+    ToolCalls {
+        index: usize,
+        calls: Vec<ParsedCall>,
     },
     Done {
         index: usize,
@@ -53,7 +61,8 @@ pub enum Piece {
 }
 
 /// Turns the shared sampling fields into engine parameters, checking every
-/// value. `default_max` applies when the request sets no token limit.
+/// value. `default_max` applies when the request sets no token limit;
+/// `tool_grammar` is the grammar a required tool call imposes.
 pub fn build_job(
     state: &AppState,
     f: &SamplingFields,
@@ -61,6 +70,7 @@ pub fn build_job(
     default_max: usize,
     logprobs: Option<u32>,
     tenant: String,
+    tool_grammar: Option<Grammar>,
 ) -> Result<Job, ApiError> {
     let ctx = state.engine.ctx;
     // The engine checks the prompt and the context when the job is
@@ -175,8 +185,7 @@ pub fn build_job(
         seed,
         ..SamplerConfig::default()
     };
-    refuse_tools(f)?;
-    let constraint = constraint(state, f)?;
+    let constraint = constraint(state, f, tool_grammar)?;
     let stop_ids = if f.ignore_eos.unwrap_or(false) {
         Vec::new()
     } else {
@@ -195,30 +204,39 @@ pub fn build_job(
         stops,
         n: n as usize,
         tenant: f.user.clone().unwrap_or(tenant),
+        watch: None,
     })
 }
 
-/// Tool calling is not supported yet: `tools` is refused (never silently
-/// dropped) unless there are none or `tool_choice` is `none`.
-fn refuse_tools(f: &SamplingFields) -> Result<(), ApiError> {
-    let Some(tools) = &f.tools else {
-        return Ok(());
+/// Completions take no tools (they are a chat feature): refused, never
+/// silently dropped.
+pub fn refuse_tools(f: &SamplingFields) -> Result<(), ApiError> {
+    let offered = match &f.tools {
+        None | Some(serde_json::Value::Null) => false,
+        Some(t) => t.as_array().is_none_or(|t| !t.is_empty()),
     };
-    let none = f.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none");
-    if none || tools.as_array().is_some_and(|t| t.is_empty()) {
-        return Ok(());
+    if offered {
+        return Err(ApiError::invalid(
+            "tools",
+            "tools are offered through /v1/chat/completions, not /v1/completions",
+        ));
     }
-    Err(ApiError::invalid(
-        "tools",
-        "tool calling is not supported yet: send no tools, or tool_choice \"none\"",
-    ))
+    Ok(())
 }
 
-/// The grammar a request asks for (`response_format`, or one of llama.cpp's
-/// `json_schema`, `grammar` and `regex`), compiled: a grammar that does not
-/// compile is a 400 with the reason, before anything runs.
-fn constraint(state: &AppState, f: &SamplingFields) -> Result<Option<Constraint>, ApiError> {
+/// The grammar a request asks for (`response_format`, one of llama.cpp's
+/// `json_schema`, `grammar` and `regex`, or a required tool call),
+/// compiled: a grammar that does not compile is a 400 with the reason,
+/// before anything runs.
+fn constraint(
+    state: &AppState,
+    f: &SamplingFields,
+    tool_grammar: Option<Grammar>,
+) -> Result<Option<Constraint>, ApiError> {
     let mut asked = Vec::new();
+    if let Some(g) = tool_grammar {
+        asked.push(("tools", g));
+    }
     match &f.response_format {
         None | Some(ResponseFormat::Text) => {}
         Some(ResponseFormat::JsonObject) => asked.push(("response_format", Grammar::JsonObject)),
@@ -249,7 +267,7 @@ fn constraint(state: &AppState, f: &SamplingFields) -> Result<Option<Constraint>
             return Err(ApiError::invalid(
                 asked[1].0,
                 format!(
-                    "give one of response_format, json_schema, grammar and regex; got {}",
+                    "give one of response_format, json_schema, grammar, regex and a required tool_choice; got {}",
                     names.join(", ")
                 ),
             ));
@@ -301,18 +319,93 @@ pub fn start(state: &Arc<AppState>, job: Job) -> Result<mpsc::Receiver<Piece>, A
     }
     for (index, erx) in receivers.into_iter().enumerate() {
         let text = TextStream::new(&state.tokenizer, job.stops.clone());
-        tokio::spawn(drive_choice(index, erx, text, tx.clone(), deadline));
+        let out = ChoiceOut {
+            index,
+            text,
+            watch: job.watch.clone(),
+            tx: tx.clone(),
+        };
+        tokio::spawn(drive_choice(erx, out, deadline));
     }
     Ok(rx)
+}
+
+/// Where one choice's text goes: cut at stop strings, watched for tool
+/// calls, sent as pieces.
+struct ChoiceOut {
+    index: usize,
+    text: TextStream,
+    watch: Option<ReplyWatch>,
+    tx: mpsc::Sender<Piece>,
+}
+
+impl ChoiceOut {
+    /// Sends the text of one token (`id`; `None` for the held-back rest);
+    /// `false` when nobody listens any more.
+    async fn send_text(
+        &mut self,
+        id: Option<u32>,
+        text: String,
+        tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    ) -> bool {
+        let text = match &mut self.watch {
+            Some(w) => w.push(id, &text),
+            None => text,
+        };
+        if text.is_empty() && tokens.is_empty() {
+            return true;
+        }
+        let piece = Piece::Delta {
+            index: self.index,
+            text,
+            tokens,
+        };
+        self.tx.send(piece).await.is_ok()
+    }
+
+    /// Ends the choice: the rest of the text, its calls, then `Done`.
+    async fn finish(mut self, finish_reason: &'static str, completion_tokens: usize) {
+        let rest = self.text.finish();
+        if !self.send_text(None, rest, Vec::new()).await {
+            return;
+        }
+        let mut finish_reason = finish_reason;
+        if let Some(mut w) = self.watch.take() {
+            let (text, calls) = w.finish();
+            if !text.is_empty() && !self.send_text(None, text, Vec::new()).await {
+                return;
+            }
+            if !calls.is_empty() {
+                finish_reason = "tool_calls";
+                let piece = Piece::ToolCalls {
+                    index: self.index,
+                    calls,
+                };
+                if self.tx.send(piece).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = self
+            .tx
+            .send(Piece::Done {
+                index: self.index,
+                finish_reason,
+                completion_tokens,
+            })
+            .await;
+    }
+
+    async fn fail(self, error: ApiError) {
+        let _ = self.tx.send(Piece::Failed { error }).await;
+    }
 }
 
 /// Relays one engine request's events as pieces until it ends, a stop
 /// string appears, the deadline passes or nobody listens any more.
 async fn drive_choice(
-    index: usize,
     mut events: mpsc::UnboundedReceiver<Event>,
-    mut text: TextStream,
-    out: mpsc::Sender<Piece>,
+    mut out: ChoiceOut,
     deadline: Instant,
 ) {
     let mut generated = 0;
@@ -321,72 +414,37 @@ async fn drive_choice(
             Ok(Some(e)) => e,
             Ok(None) => {
                 let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped");
-                let _ = out.send(Piece::Failed { error }).await;
-                return;
+                return out.fail(error).await;
             }
             Err(_) => {
                 let error = ApiError::new(
                     StatusCode::REQUEST_TIMEOUT,
                     "the request took longer than the server's --request-timeout",
                 );
-                let _ = out.send(Piece::Failed { error }).await;
-                return;
+                return out.fail(error).await;
             }
         };
         match event {
             Event::Token { id, logprobs } => {
                 generated += 1;
-                let delta = text.push(id);
-                let piece = Piece::Delta {
-                    index,
-                    text: delta,
-                    tokens: vec![(id, logprobs)],
-                };
-                if out.send(piece).await.is_err() {
+                let delta = out.text.push(id);
+                if !out.send_text(Some(id), delta, vec![(id, logprobs)]).await {
                     return;
                 }
-                if text.stopped() {
+                if out.text.stopped() {
                     // Dropping `events` cancels the sequence.
-                    let _ = out
-                        .send(Piece::Done {
-                            index,
-                            finish_reason: "stop",
-                            completion_tokens: generated,
-                        })
-                        .await;
-                    return;
+                    drop(events);
+                    return out.finish("stop", generated).await;
                 }
             }
             Event::Finished(f) => {
-                let rest = text.finish();
-                if !rest.is_empty() {
-                    let piece = Piece::Delta {
-                        index,
-                        text: rest,
-                        tokens: Vec::new(),
-                    };
-                    if out.send(piece).await.is_err() {
-                        return;
-                    }
-                }
                 let finish_reason = match f.reason {
                     FinishReason::Stop => "stop",
                     FinishReason::Length | FinishReason::Cancelled => "length",
                 };
-                let _ = out
-                    .send(Piece::Done {
-                        index,
-                        finish_reason,
-                        completion_tokens: f.completion_tokens,
-                    })
-                    .await;
-                return;
+                return out.finish(finish_reason, f.completion_tokens).await;
             }
-            Event::Error(e) => {
-                let error = ApiError::from(e);
-                let _ = out.send(Piece::Failed { error }).await;
-                return;
-            }
+            Event::Error(e) => return out.fail(ApiError::from(e)).await,
             // Only score requests (the decision endpoint) get scores.
             Event::Scores(_) => {}
         }
@@ -398,6 +456,7 @@ async fn drive_choice(
 pub struct Choice {
     pub text: String,
     pub tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    pub tool_calls: Vec<ParsedCall>,
     pub finish_reason: &'static str,
     pub completion_tokens: usize,
 }
@@ -416,6 +475,7 @@ pub async fn collect(mut rx: mpsc::Receiver<Piece>, n: usize) -> Result<Vec<Choi
                 choices[index].text.push_str(&text);
                 choices[index].tokens.extend(tokens);
             }
+            Some(Piece::ToolCalls { index, calls }) => choices[index].tool_calls = calls,
             Some(Piece::Done {
                 index,
                 finish_reason,

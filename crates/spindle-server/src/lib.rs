@@ -11,6 +11,7 @@ pub mod openai;
 mod routes;
 mod stream;
 mod text;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +39,9 @@ pub struct AppState {
     /// Compiles `response_format`, `json_schema`, `grammar` and `regex`
     /// against the model's vocabulary (built once, at start).
     pub grammars: Option<GrammarCompiler>,
+    /// How the model writes tool calls (its template's format, or the
+    /// generic JSON one).
+    pub tool_format: tools::ToolFormat,
 }
 
 impl AppState {
@@ -55,10 +59,12 @@ impl AppState {
                 None
             }
         };
+        let tool_format = tools::ToolFormat::of(&template, &tokenizer);
         AppState {
             engine,
             tokenizer,
             template,
+            tool_format,
             model_name,
             api_key,
             request_timeout: generation::default_timeout(),

@@ -33,10 +33,13 @@ pub struct SamplingFields {
     pub json_schema: Option<serde_json::Value>,
     pub grammar: Option<String>,
     pub regex: Option<String>,
-    /// Tool calling is not supported yet: refused unless `tool_choice` is
-    /// `none` (never silently ignored).
+    /// Functions the model may call (chat only), `tool_choice` (`none`,
+    /// `auto`, `required`, or `{"type": "function", "function": {"name"}}`)
+    /// and whether one reply may hold several calls. Checked by hand in
+    /// `tools::ToolRequest::parse`, so each mistake gets its own message.
     pub tools: Option<serde_json::Value>,
     pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `response_format` of a request.
@@ -113,6 +116,31 @@ pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls (a follow-up request carries them back).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` turn: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function's name.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// One call in an assistant turn of the conversation.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCallIn {
+    pub id: String,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+/// `tool_calls[].function`: `arguments` is a JSON text, as OpenAI sends it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    pub arguments: String,
 }
 
 /// Message content: a string, or parts of which the text ones are used.

@@ -14,16 +14,15 @@ use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use spindle_engine::scheduler::TokenLogprobs;
-use spindle_model::chat_template::ChatMessage;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
 use crate::generation::{self, Choice, Job};
 use crate::openai::{
-    ChatMessageIn, ChatRequest, CompletionRequest, Content, DetokenizeRequest, Prompt,
-    TokenizeRequest,
+    ChatMessageIn, ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest,
 };
+use crate::tools::{self, ParsedCall, ReplyWatch, ToolRequest};
 use crate::AppState;
 
 pub(crate) type Shared = Arc<AppState>;
@@ -145,29 +144,20 @@ fn completion_prompt(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiE
         .map_err(untokenizable("prompt"))
 }
 
-fn chat_prompt(state: &AppState, messages: &[ChatMessageIn]) -> Result<Vec<u32>, ApiError> {
+/// Prompt ids of a chat: the conversation (with its tool calls and
+/// results) and the offered tools, through the chat template.
+fn chat_prompt(
+    state: &AppState,
+    messages: &[ChatMessageIn],
+    tools: Option<&ToolRequest>,
+) -> Result<Vec<u32>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages is empty"));
     }
-    let msgs: Vec<ChatMessage> = messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => parts
-                    .iter()
-                    .filter(|p| p.kind == "text")
-                    .filter_map(|p| p.text.clone())
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            };
-            ChatMessage::new(m.role.clone(), content)
-        })
-        .collect();
+    let (msgs, template_tools) = tools::conversation(messages, tools, &state.tool_format)?;
     let rendered = state
         .template
-        .render_for(&state.tokenizer, &msgs, true)
+        .render_tools_for(&state.tokenizer, &msgs, template_tools.as_ref(), true)
         .map_err(|e| ApiError::invalid("messages", format!("the chat template failed: {e}")))?;
     state
         .tokenizer
@@ -188,6 +178,7 @@ async fn completions(
     if req.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
+    generation::refuse_tools(&req.sampling)?;
     let prompt = completion_prompt(&state, &req.prompt)?;
     let job = generation::build_job(
         &state,
@@ -196,6 +187,7 @@ async fn completions(
         16,
         req.logprobs,
         tenant(&headers),
+        None,
     )?;
     respond(state, job, &req.sampling, Kind::Completion).await
 }
@@ -207,7 +199,8 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(&body)?;
     check_model(&state, &req.model)?;
-    let prompt = chat_prompt(&state, &req.messages)?;
+    let tools = ToolRequest::parse(&req.sampling)?;
+    let prompt = chat_prompt(&state, &req.messages, tools.as_ref())?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (true, k) => Some(k.unwrap_or(0)),
         (false, Some(_)) => {
@@ -218,14 +211,21 @@ async fn chat_completions(
         }
         (false, None) => None,
     };
-    let job = generation::build_job(
+    let tool_grammar = tools.as_ref().and_then(|t| t.grammar(&state.tool_format));
+    let mut job = generation::build_job(
         &state,
         &req.sampling,
         prompt,
         usize::MAX,
         logprobs,
         tenant(&headers),
+        tool_grammar,
     )?;
+    job.watch = tools.as_ref().filter(|t| t.offered()).map(|t| {
+        let names = t.callable().iter().map(|f| f.name.clone()).collect();
+        let required = t.grammar(&state.tool_format).is_some();
+        ReplyWatch::new(state.tool_format.clone(), names, required)
+    });
     respond(state, job, &req.sampling, Kind::Chat).await
 }
 
@@ -312,12 +312,25 @@ pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
 fn choice_json(state: &AppState, kind: Kind, index: usize, c: &Choice, logprobs: bool) -> Value {
     let lp = logprobs.then(|| logprobs_json(state, kind, &c.tokens, 0));
     match kind {
-        Kind::Chat => json!({
-            "index": index,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": lp,
-            "finish_reason": c.finish_reason,
-        }),
+        Kind::Chat => {
+            let mut message = json!({"role": "assistant", "content": c.text});
+            if !c.tool_calls.is_empty() {
+                if c.text.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = c
+                    .tool_calls
+                    .iter()
+                    .map(|t| tool_call_json(t, None))
+                    .collect();
+            }
+            json!({
+                "index": index,
+                "message": message,
+                "logprobs": lp,
+                "finish_reason": c.finish_reason,
+            })
+        }
         Kind::Completion => json!({
             "index": index,
             "text": c.text,
@@ -325,6 +338,19 @@ fn choice_json(state: &AppState, kind: Kind, index: usize, c: &Choice, logprobs:
             "finish_reason": c.finish_reason,
         }),
     }
+}
+
+/// One call as OpenAI writes it; a streamed delta carries its `index`.
+pub(crate) fn tool_call_json(c: &ParsedCall, index: Option<usize>) -> Value {
+    let mut call = json!({
+        "id": c.id,
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    });
+    if let Some(i) = index {
+        call["index"] = json!(i);
+    }
+    call
 }
 
 /// Log-probabilities of `tokens` in the shape of `kind`'s API; completions
@@ -385,7 +411,7 @@ async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Json<Value
                 .encode(p, bos, true)
                 .map_err(untokenizable("prompt"))?
         }
-        (None, Some(m)) => chat_prompt(&state, m)?,
+        (None, Some(m)) => chat_prompt(&state, m, None)?,
         _ => {
             return Err(ApiError::bad_request(
                 "give exactly one of 'prompt' (text) or 'messages' (a chat)",

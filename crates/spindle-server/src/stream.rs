@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::generation::Piece;
-use crate::routes::{logprobs_json, usage, Kind, Shared};
+use crate::routes::{logprobs_json, tool_call_json, usage, Kind, Shared};
 
 /// Writes a job's pieces as server-sent events.
 pub(crate) struct Streamer {
@@ -82,6 +82,30 @@ impl Streamer {
                     }
                     offsets[index] += text.len();
                     self.chunk(choice)
+                }
+                Piece::ToolCalls { index, calls } => {
+                    // Each call as two deltas: its id and name, then its
+                    // arguments (the calls are complete when they arrive).
+                    for (i, call) in calls.iter().enumerate() {
+                        let first = !std::mem::replace(&mut started[index], true);
+                        let mut head = tool_call_json(call, Some(i));
+                        head["function"]["arguments"] = json!("");
+                        let mut delta = json!({ "tool_calls": [head] });
+                        if first {
+                            delta["role"] = json!("assistant");
+                            delta["content"] = Value::Null;
+                        }
+                        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
+                        if tx.send(Ok(self.chunk(choice))).await.is_err() {
+                            return;
+                        }
+                        let args = json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]});
+                        let choice = json!({"index": index, "delta": args, "logprobs": null, "finish_reason": null});
+                        if tx.send(Ok(self.chunk(choice))).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
                 }
                 Piece::Done {
                     index,

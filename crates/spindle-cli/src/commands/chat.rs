@@ -41,10 +41,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         .drafter(&loaded.model, kv.max_len(), args.model.threads())?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: s.clone(),
-        });
+        messages.push(ChatMessage::new("system", s.clone()));
     }
     eprintln!(
         "Chatting with {} ({} threads). Empty line or Ctrl-D to quit.",
@@ -60,10 +57,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             break;
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: line.trim_end().to_string(),
-        });
+        messages.push(ChatMessage::new("user", line.trim_end().to_string()));
         let prompt = encode_chat(tok, &messages)?;
         let req = GenerateRequest {
             prompt,
@@ -103,10 +97,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
             let _ = stdout.write_all(rest.as_bytes());
         }
         println!();
-        messages.push(ChatMessage {
-            role: "assistant".into(),
-            content: tok.decode(&out.tokens)?.trim().to_string(),
-        });
+        messages.push(ChatMessage::new(
+            "assistant",
+            tok.decode(&out.tokens)?.trim().to_string(),
+        ));
         turn += 1;
     }
     Ok(())

@@ -46,10 +46,7 @@ pub fn prompt_ids(tok: &Tokenizer, text: &str, chat: bool) -> Result<Vec<u32>> {
     if !chat {
         return Ok(tok.encode(text, tok.add_bos_default(), false)?);
     }
-    let messages = [ChatMessage {
-        role: "user".into(),
-        content: text.to_string(),
-    }];
+    let messages = [ChatMessage::new("user", text.to_string())];
     encode_chat(tok, &messages)
 }
 

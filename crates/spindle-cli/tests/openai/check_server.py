@@ -15,7 +15,8 @@ Run by tests/serve_openai.rs, which starts the servers and passes:
                      --spec draft:MODEL and --spec self
   SPINDLE_SOLO_SCHEMA  JSON: {prompt, schema, text} of `spindle run --spec off
                      --json-schema` (greedy, 64 tokens)
-Each check prints its name; any failure raises.
+Each check prints its name; any failure raises. SPINDLE_CHECKS=TEXT runs only
+the checks whose name holds TEXT (for a developer's quick loop).
 """
 
 import concurrent.futures as cf
@@ -43,8 +44,13 @@ ROOT = URL[: -len("/v1")]
 client = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=120)
 
 
+ONLY = os.environ.get("SPINDLE_CHECKS")  # run only checks whose name holds this text
+
+
 def check(name):
     def wrap(f):
+        if ONLY and ONLY not in name:
+            return f
         t = time.time()
         f()
         print(f"ok {name} ({time.time() - t:.1f} s)", flush=True)
@@ -663,7 +669,7 @@ def _():
         assert got == SOLO_SCHEMA["text"], (mode, got)
 
 
-@check("structured output refusals: bad schemas and grammars, two at once, tools are 400 with the reason")
+@check("structured output refusals: bad schemas and grammars, two at once are 400 with the reason")
 def _():
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     cases = [
@@ -675,8 +681,6 @@ def _():
         ({**chat, "regex": "(unclosed"}, "regex", "does not compile"),
         ({**chat, "grammar": "start: ( \"a\""}, "grammar", "does not compile"),
         ({**chat, "regex": "a+", "json_schema": {"type": "object"}}, None, "give one of"),
-        ({**chat, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
-         "tools", "not supported yet"),
     ]
     for body, param, needle in cases:
         r = raw("/v1/chat/completions", json.dumps(body).encode())
@@ -691,6 +695,149 @@ def _():
     wait_idle()
 
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "location": {"type": "string", "maxLength": 40},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["location", "unit"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "maxLength": 60},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 10}},
+            "required": ["query"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time"}},
+]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in TOOLS}
+
+
+def streamed_calls(c, **kw):
+    """Assembles streamed delta.tool_calls by index; returns (calls, finish, content)."""
+    calls, finish, content = {}, None, ""
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            e = calls.setdefault(t.index, {"id": "", "name": "", "arguments": ""})
+            e["id"] += t.id or ""
+            if t.function:
+                e["name"] += t.function.name or ""
+                e["arguments"] += t.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, content
+
+
+@check("tool calls: required and named choices give valid calls (jsonschema), streamed deltas assemble to the same")
+def _():
+    import jsonschema
+
+    prompts = ["What is the weather in Paris?", "Find me recent news about bicycles.", "What time is it?"]
+    named = lambda n: {"type": "function", "function": {"name": n}}  # noqa: E731
+    cases = [(prompts[0], "required", False), (prompts[1], "required", False), (prompts[1], named("search"), True),
+             (prompts[0], named("get_weather"), True), (prompts[2], named("now"), True)]
+    for prompt, choice, parallel in cases:
+        kw = dict(model=MODEL, max_tokens=120, temperature=0, tools=TOOLS, tool_choice=choice,
+                  parallel_tool_calls=parallel, messages=[{"role": "user", "content": prompt}])
+        c = client.chat.completions.create(**kw).choices[0]
+        assert c.finish_reason == "tool_calls", (prompt, choice, c)
+        calls = c.message.tool_calls
+        assert calls and (parallel or len(calls) == 1), (prompt, choice, calls)
+        for call in calls:
+            assert call.type == "function" and call.id, call
+            if isinstance(choice, dict):
+                assert call.function.name == choice["function"]["name"], (choice, call)
+            jsonschema.validate(json.loads(call.function.arguments), TOOL_SCHEMAS[call.function.name])
+        got, finish, content = streamed_calls(client, **kw)
+        assert finish == "tool_calls" and content == "", (finish, content)
+        assert [(g["name"], g["arguments"]) for g in got] == \
+            [(t.function.name, t.function.arguments) for t in calls], (got, calls)
+        assert all(g["id"] for g in got), got
+    # Sampled, several choices: every one a valid call.
+    r = client.chat.completions.create(model=MODEL, max_tokens=120, temperature=1.0, seed=3, n=3, tools=TOOLS,
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       messages=[{"role": "user", "content": prompts[0]}])
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls", c
+        for call in c.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), TOOL_SCHEMAS[call.function.name])
+    # The same calls from servers that draft with another model and with
+    # layers skipped.
+    kw = dict(model=MODEL, max_tokens=120, temperature=0, tools=TOOLS, tool_choice="required",
+              parallel_tool_calls=False, messages=[{"role": "user", "content": prompts[1]}])
+    want = [(t.function.name, t.function.arguments) for t in client.chat.completions.create(**kw).choices[0].message.tool_calls]
+    for mode, url in DRAFT_URLS.items():
+        c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+        got = [(t.function.name, t.function.arguments) for t in c.chat.completions.create(**kw).choices[0].message.tool_calls]
+        assert got == want, (mode, got, want)
+
+
+@check("tool round trip: assistant tool_calls and role tool results render and the model answers")
+def _():
+    kw = dict(model=MODEL, max_tokens=60, temperature=0, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    call = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    follow = kw["messages"] + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
+    # The result is in the prompt the template rendered.
+    ids = raw("/tokenize", json.dumps({"model": MODEL, "messages": follow}).encode()).json()["tokens"]
+    prompt = raw("/detokenize", json.dumps({"model": MODEL, "tokens": ids}).encode()).json()["prompt"]
+    assert "18 degrees and sunny" in prompt and call.function.arguments.replace('":', '": ').replace(',"', ', "') in prompt, prompt
+    for choice in ("none", "auto"):
+        r = client.chat.completions.create(model=MODEL, max_tokens=24, temperature=0, tools=TOOLS, tool_choice=choice,
+                                           messages=follow).choices[0]
+        assert r.finish_reason in ("stop", "length", "tool_calls"), r
+        assert r.message.content or r.message.tool_calls, r
+        if choice == "none":
+            assert r.message.content and not r.message.tool_calls, r
+    # Without tools offered, the earlier call and result still render.
+    r = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, messages=follow).choices[0]
+    assert r.message.content is not None, r
+
+
+@check("tool refusals: unknown names, bad tools, malformed tool messages, tools on completions are 400 with the reason")
+def _():
+    base = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": TOOLS}
+    call = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"x\"}"}}
+    asked = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    cases = [
+        ({**base, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "not among the tools"),
+        ({**base, "tool_choice": "sometimes"}, "tool_choice", "must be none, auto, required"),
+        ({**base, "tool_choice": {"name": "search"}}, "tool_choice", "named tool_choice"),
+        ({**base, "tools": [], "tool_choice": "required"}, "tool_choice", "no tools were given"),
+        ({**base, "tools": [{"type": "retrieval"}]}, "tools", "of type \"function\""),
+        ({**base, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "function.name"),
+        ({**base, "tools": [TOOLS[0], TOOLS[0]]}, "tools", "two tools are named"),
+        ({**base, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}],
+          "tool_choice": "required"}, "tools", "does not compile"),
+        ({**base, "tool_choice": "required", "response_format": {"type": "json_object"}}, None, "give one of"),
+        ({**base, "messages": asked + [{"role": "tool", "content": "r"}]}, "messages", "needs tool_call_id"),
+        ({**base, "messages": asked + [{"role": "tool", "tool_call_id": "call_9", "content": "r"}]}, "messages",
+         "answers no earlier"),
+        ({**base, "messages": [asked[0], {"role": "assistant", "tool_calls": [
+            {**call, "function": {"name": "search", "arguments": "{not json"}}]}]}, "messages", "is not JSON"),
+        ({**base, "messages": [{"role": "user", "content": "a", "tool_calls": [call]}]}, "messages",
+         "only assistant messages"),
+        ({**base, "messages": [asked[0], {"role": "assistant", "tool_calls": [{"id": "x"}]}]}, None,
+         "invalid request body"),
+    ]
+    for body, param, needle in cases:
+        r = raw("/v1/chat/completions", json.dumps(body).encode())
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        err = r.json()["error"]
+        assert needle in err["message"], (needle, err)
+        if param:
+            assert err["param"] == param, (param, err)
+    r = raw("/v1/completions", json.dumps({"model": MODEL, "prompt": "a", "tools": TOOLS}).encode())
+    assert r.status_code == 400 and "chat/completions" in r.json()["error"]["message"], r.text
+    wait_idle()
+
+
 @check("fuzzed bodies never crash the server")
 def _():
     rng = random.Random(1)
@@ -698,12 +845,17 @@ def _():
               [{"id": "a", "kind": "choice", "options": ["x", "y"]}], [{"id": "", "kind": "score"}],
               [{"role": "user", "content": "hi"}], "first_token", "mean", {"type": "json_object"},
               {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}, {"type": "string", "maxLength": 3},
-              "start: \"a\"", "[0-9]+", "(("]
+              "start: \"a\"", "[0-9]+", "((", "required", "auto", "none", TOOLS, [TOOLS[0], {"type": "function"}],
+              {"type": "function", "function": {"name": "search"}}, {"type": "function", "function": {"name": "nope"}},
+              [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [
+                  {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c", "content": "r"}],
+              [{"role": "tool", "content": "r"}], [{"role": "tool", "tool_call_id": 5}]]
     fields = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
               "seed", "logprobs", "top_logprobs", "logit_bias", "stream", "stream_options", "min_p",
               "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "tokens", "user",
               "state", "questions", "mode", "instructions", "response_format", "json_schema", "grammar", "regex",
-              "tools", "tool_choice"]
+              "tools", "tool_choice", "parallel_tool_calls"]
     for i in range(300):
         if i % 5 == 0:
             body = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
