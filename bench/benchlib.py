@@ -1,5 +1,5 @@
-"""Shared by the benchmark scripts under bench/: the machine's CPU name, a
-server process on a port, percentiles."""
+"""Shared by the benchmark scripts under bench/: the machine's CPU name and
+SIMD extensions, a server process on a port, percentiles."""
 
 import http.client
 import platform
@@ -45,3 +45,15 @@ def pct(xs, p):
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def simd_flags():
+    """The SIMD extensions of this CPU that matter to the kernels."""
+    flags = set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    keep = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+            "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"]
+    return " ".join(f for f in keep if f in flags) or "none of AVX2/AVX-512/AMX"

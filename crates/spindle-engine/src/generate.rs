@@ -73,6 +73,12 @@ pub struct GenerateStats {
     pub drafted: usize,
     /// Drafted tokens the target model accepted.
     pub accepted: usize,
+    /// Grammar masks computed (constrained generation), their seconds, and
+    /// the part of those seconds a token waited for its mask (the rest ran
+    /// beside the model's passes).
+    pub masks: usize,
+    pub mask_seconds: f64,
+    pub mask_waiting_seconds: f64,
 }
 
 impl GenerateStats {
@@ -92,6 +98,13 @@ impl GenerateStats {
         } else {
             self.gen_tokens as f64 / (self.decode_passes + 1) as f64
         }
+    }
+
+    /// Adds `c`'s mask counts and times.
+    pub fn add_masks(&mut self, c: &Constraint) {
+        self.masks += c.timing.masks;
+        self.mask_seconds += c.timing.seconds;
+        self.mask_waiting_seconds += c.timing.waiting_seconds;
     }
 
     /// Accepted over drafted (0 when nothing was drafted).
@@ -220,7 +233,8 @@ pub fn generate_on(
             parent: None,
             logits: true,
         });
-        let l = model.forward(&batch, kv)?;
+        let preparing = constraint.as_mut().map(|c| (c, Vec::new()));
+        let l = prepare_during(preparing, || model.forward(&batch, kv))?;
         kv.commit(seq, &[0])?;
         stats.passes += 1;
         stats.decode_passes += 1;
@@ -228,10 +242,38 @@ pub fn generate_on(
     };
     stats.gen_tokens = generated;
     stats.gen_seconds = t1.elapsed().as_secs_f64();
+    if let Some(c) = &constraint {
+        stats.add_masks(c);
+    }
     Ok(GenerateOutput {
         tokens: history.split_off(req.prompt.len()),
         finish,
         stats,
+    })
+}
+
+/// Runs `pass` (a pass of the model) while a helper thread computes the
+/// masks each of `constraints` will need to choose tokens from it: the
+/// next token's, and those along the given path (the likeliest path of a
+/// tree being verified). Masks depend only on the tokens emitted before
+/// them, so they are ready when the logits are, off the critical path.
+pub fn prepare_during<'a, T>(
+    constraints: impl IntoIterator<Item = (&'a mut Constraint, Vec<u32>)>,
+    pass: impl FnOnce() -> T,
+) -> T {
+    let mut constraints: Vec<(&mut Constraint, Vec<u32>)> = constraints.into_iter().collect();
+    if constraints.is_empty() {
+        return pass();
+    }
+    std::thread::scope(|s| {
+        let helper = s.spawn(move || {
+            for (c, path) in constraints.iter_mut() {
+                c.prepare(path);
+            }
+        });
+        let out = pass();
+        let _ = helper.join();
+        out
     })
 }
 

@@ -122,9 +122,10 @@ fn schema_constrained_output_obeys_and_speculation_changes_nothing() {
                 assert_eq!(got.finish, want.finish);
             }
             // The schema's keys and punctuation are forced: drafted for
-            // free, so a reply commits more than one token per pass. (How
-            // many depends on how much of it is free text: 2.46 and 1.89
-            // on these two greedy replies; issue 14 asks for 2.)
+            // free, and the grammar drafts each value's end with the run it
+            // forces after it, so a reply commits several tokens per pass.
+            // (How many depends on how much of it is free text: 2.91 and
+            // 2.12 on these two greedy replies; issue 14 asks for 2.)
             let fixed = speculative(&m, &req, TreeBudget::fixed(16));
             eprintln!(
                 "{p:?}: {} tokens in {} passes ({:.2} per pass), {} drafted, {} accepted: {text}",
@@ -135,7 +136,7 @@ fn schema_constrained_output_obeys_and_speculation_changes_nothing() {
                 fixed.stats.accepted
             );
             if sampler.is_greedy() {
-                assert!(fixed.stats.tokens_per_pass() >= 1.5, "{:?}", fixed.stats);
+                assert!(fixed.stats.tokens_per_pass() >= 2.0, "{:?}", fixed.stats);
             }
         }
     }

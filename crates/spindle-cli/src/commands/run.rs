@@ -155,6 +155,9 @@ pub fn result_json(
             "drafted": s.drafted,
             "accepted": s.accepted,
             "acceptance_rate": s.acceptance_rate(),
+            "masks": s.masks,
+            "mask_seconds": s.mask_seconds,
+            "mask_waiting_seconds": s.mask_waiting_seconds,
         }
     })
 }

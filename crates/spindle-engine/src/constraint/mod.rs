@@ -14,6 +14,7 @@
 mod token_env;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -89,6 +90,9 @@ pub struct GrammarError {
 #[derive(Clone)]
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
+    /// Tokens that end a JSON value (a closing quote, a comma, a bracket):
+    /// candidates for [`Constraint::closers`].
+    closers: Arc<Vec<u32>>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -111,8 +115,18 @@ impl GrammarCompiler {
         })?;
         // Errors come back as values; nothing is printed.
         factory.set_stderr_log_level(0);
+        // Ends of JSON values, each one token when the vocabulary has it.
+        const CLOSERS: [&str; 13] = [
+            "\"", "\",", "\"]", "\"}", "\"],", "\"},", ",", "]", "}", "],", "},", "]}", "}]",
+        ];
+        let closers = CLOSERS
+            .iter()
+            .filter_map(|t| tokenizer.token_to_id(t))
+            .filter(|&id| !tokenizer.is_special(id))
+            .collect();
         Ok(GrammarCompiler {
             factory: Arc::new(factory),
+            closers: Arc::new(closers),
         })
     }
 
@@ -130,13 +144,36 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(err(e));
         }
-        Ok(Constraint { matcher })
+        Ok(Constraint {
+            matcher,
+            closers: self.closers.clone(),
+            prepared: Vec::new(),
+            since_prepared: Vec::new(),
+            timing: MaskTiming::default(),
+        })
     }
 }
 
 /// One sequence's position in its grammar.
 pub struct Constraint {
     matcher: Matcher,
+    closers: Arc<Vec<u32>>,
+    /// Masks computed ahead ([`Constraint::prepare`]), each for the state
+    /// after the tokens of its path are consumed.
+    prepared: Vec<(Vec<u32>, toktrie::SimpleVob)>,
+    /// Tokens consumed since the masks were prepared.
+    since_prepared: Vec<u32>,
+    /// What computing masks has cost this sequence.
+    pub timing: MaskTiming,
+}
+
+/// Masks computed for one sequence and their time: all of it, and the part
+/// spent while a token waited for its mask (not prepared during a pass).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MaskTiming {
+    pub masks: usize,
+    pub seconds: f64,
+    pub waiting_seconds: f64,
 }
 
 impl Clone for Constraint {
@@ -144,6 +181,10 @@ impl Clone for Constraint {
     fn clone(&self) -> Constraint {
         Constraint {
             matcher: self.matcher.deep_clone(),
+            closers: self.closers.clone(),
+            prepared: self.prepared.clone(),
+            since_prepared: self.since_prepared.clone(),
+            timing: self.timing,
         }
     }
 }
@@ -176,7 +217,20 @@ impl Constraint {
             return Allowed::Done;
         }
         let may_end = self.matcher.is_accepting().unwrap_or(false);
-        match self.matcher.compute_mask() {
+        let ready = self
+            .prepared
+            .iter()
+            .position(|(path, _)| *path == self.since_prepared);
+        let mask = match ready {
+            Some(i) => Ok(self.prepared.swap_remove(i).1),
+            None => {
+                let t = Instant::now();
+                let mask = self.compute_mask();
+                self.timing.waiting_seconds += t.elapsed().as_secs_f64();
+                mask
+            }
+        };
+        match mask {
             Ok(mask) if !mask.is_zero() || may_end => Allowed::Tokens { mask, may_end },
             Ok(_) => Allowed::Done,
             Err(e) => {
@@ -186,8 +240,54 @@ impl Constraint {
         }
     }
 
+    fn compute_mask(&mut self) -> Result<toktrie::SimpleVob, String> {
+        let t = Instant::now();
+        let mask = self.matcher.compute_mask().map_err(|e| e.to_string());
+        self.timing.masks += 1;
+        self.timing.seconds += t.elapsed().as_secs_f64();
+        mask
+    }
+
+    /// Computes masks now, so that choosing tokens later does not wait:
+    /// the next token's, then the mask after each token of `path` (the
+    /// likeliest path of the tree about to be verified). Called on a helper
+    /// thread while the model's pass runs: masks depend only on the tokens
+    /// emitted before them.
+    pub fn prepare(&mut self, path: &[u32]) {
+        self.prepared.clear();
+        self.since_prepared.clear();
+        if self.matcher.is_stopped() {
+            return;
+        }
+        if let Ok(mask) = self.compute_mask() {
+            self.prepared.push((Vec::new(), mask));
+        }
+        if path.is_empty() {
+            return;
+        }
+        let mut m = self.matcher.deep_clone();
+        for (k, &t) in path.iter().enumerate() {
+            if m.consume_token(t).is_err() || m.is_stopped() {
+                break;
+            }
+            let t0 = Instant::now();
+            let mask = m.compute_mask();
+            self.timing.masks += 1;
+            self.timing.seconds += t0.elapsed().as_secs_f64();
+            match mask {
+                Ok(mask) => self.prepared.push((path[..=k].to_vec(), mask)),
+                Err(_) => break,
+            }
+        }
+    }
+
     /// Advances past an emitted token (one the mask allowed).
     pub fn consume(&mut self, token: u32) {
+        if self.prepared.is_empty() {
+            self.since_prepared.clear();
+        } else {
+            self.since_prepared.push(token);
+        }
         if let Err(e) = self.matcher.consume_token(token) {
             tracing::warn!("the grammar matcher refused token {token}: {e}");
         }
@@ -223,6 +323,41 @@ impl Constraint {
             return (valid, Vec::new());
         }
         (valid, m.compute_ff_tokens())
+    }
+
+    /// Guesses that a value ends right after `forced`: each token that
+    /// closes it (a quote, a comma, a bracket) and is followed by a run
+    /// the grammar then forces (the next key, say), as that token and the
+    /// run. When the model does close the value there, the walk goes on
+    /// through the run in the same pass instead of stopping at the closer.
+    /// Closers after which the grammar forces nothing are left out: they
+    /// would save no pass.
+    pub fn closers(&self, forced: &[u32], depth: usize) -> Vec<Vec<u32>> {
+        let mut m = self.matcher.deep_clone();
+        if m.consume_tokens(forced).is_err() || m.is_stopped() || depth <= forced.len() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for &c in self.closers.iter() {
+            if m.validate_tokens(&[c]).unwrap_or(0) != 1 || m.consume_token(c).is_err() {
+                continue;
+            }
+            let tail = if m.is_stopped() {
+                Vec::new()
+            } else {
+                m.compute_ff_tokens()
+            };
+            if !tail.is_empty() {
+                let mut branch = vec![c];
+                branch.extend(tail);
+                branch.truncate(depth - forced.len());
+                out.push(branch);
+            }
+            if m.rollback(1).is_err() {
+                break;
+            }
+        }
+        out
     }
 
     /// Sets every logit the grammar forbids to minus infinity (stop tokens

@@ -68,6 +68,12 @@ pub struct Metrics {
     pub passes: AtomicU64,
     /// Sequences preempted for KV blocks (recomputed later).
     pub preemptions: AtomicU64,
+    /// Grammar masks of finished constrained requests, the microseconds
+    /// they took, and the part a token waited for (the rest ran beside
+    /// passes).
+    pub grammar_masks: AtomicU64,
+    pub grammar_mask_micros: AtomicU64,
+    pub grammar_mask_wait_micros: AtomicU64,
     pub time_to_first_token: Mutex<Histogram>,
     pub inter_token_latency: Mutex<Histogram>,
     pub e2e_latency: Mutex<Histogram>,
@@ -224,6 +230,30 @@ impl Metrics {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name}{label} {}",
                 get(v)
+            );
+        }
+        let seconds = [
+            (
+                "spindle:grammar_mask_seconds_total",
+                "Seconds spent computing grammar masks (finished requests).",
+                &self.grammar_mask_micros,
+            ),
+            (
+                "spindle:grammar_mask_wait_seconds_total",
+                "Of those, seconds a token waited for its mask (not computed beside a pass).",
+                &self.grammar_mask_wait_micros,
+            ),
+        ];
+        let _ = writeln!(
+            out,
+            "# HELP spindle:grammar_masks_total Grammar masks computed (finished requests).\n# TYPE spindle:grammar_masks_total counter\nspindle:grammar_masks_total{label} {}",
+            get(&self.grammar_masks)
+        );
+        for (name, help, v) in seconds {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{label} {}",
+                get(v) as f64 / 1e6
             );
         }
         let lock = |h: &Mutex<Histogram>| h.lock().unwrap_or_else(|p| p.into_inner()).clone();

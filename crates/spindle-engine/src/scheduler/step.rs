@@ -18,7 +18,7 @@ use super::request::{Event, Finished, TokenLogprobs};
 use super::score_tree::{push_score_tree, read_scores, PlacedTree};
 use super::sequence::{Phase, Sequence};
 use crate::error::{EngineError, RequestError};
-use crate::generate::FinishReason;
+use crate::generate::{prepare_during, FinishReason};
 use crate::score::{log_softmax, top_k};
 use crate::speculative::draft_step::draft_depth;
 use crate::speculative::verify::{likeliest_path, push_tree, walk, LazyLogits};
@@ -163,7 +163,19 @@ impl EngineLoop {
     /// The pass itself, and the head over the rows the walks will read
     /// first: every prompt's last row and each tree's likeliest path.
     fn pass(&mut self, batch: &Batch, parts: &[Part]) -> Result<LazyLogits, EngineError> {
-        let hidden = self.model.forward_hidden(batch, &mut self.kv)?;
+        // The masks of the tokens this pass will choose are computed beside it.
+        let choosing: Vec<(usize, Vec<u32>)> = parts
+            .iter()
+            .filter(|p| p.logits_row.is_some())
+            .map(|p| (p.running, p.tree.likeliest_tokens()))
+            .collect();
+        let constraints = self.running.iter_mut().enumerate().filter_map(|(i, r)| {
+            let path = choosing.iter().find(|c| c.0 == i)?.1.clone();
+            Some((r.constraint.as_mut()?, path))
+        });
+        let hidden = prepare_during(constraints, || {
+            self.model.forward_hidden(batch, &mut self.kv)
+        })?;
         let mut logits = LazyLogits::new(hidden);
         let mut first: Vec<usize> = parts
             .iter()
@@ -233,7 +245,8 @@ impl EngineLoop {
             self.kv.commit(r.seq, &w.path)?;
         }
         if let Some(s) = &mut r.speculation {
-            s.budget.record_acceptance(w.accepted(), w.rejected);
+            s.budget
+                .record_acceptance(&p.tree, w.accepted(), w.rejected);
         }
         metrics.record_drafts(p.tree.len(), w.accepted());
         match w.finish {
@@ -254,6 +267,18 @@ pub(super) fn finish(metrics: &Metrics, r: &mut Sequence, reason: FinishReason) 
     }));
     metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
     metrics.observe(&metrics.e2e_latency, r.arrived.elapsed().as_secs_f64());
+    if let Some(c) = &r.constraint {
+        let micros = |s: f64| (s * 1e6) as u64;
+        metrics
+            .grammar_masks
+            .fetch_add(c.timing.masks as u64, Ordering::Relaxed);
+        metrics
+            .grammar_mask_micros
+            .fetch_add(micros(c.timing.seconds), Ordering::Relaxed);
+        metrics
+            .grammar_mask_wait_micros
+            .fetch_add(micros(c.timing.waiting_seconds), Ordering::Relaxed);
+    }
 }
 
 /// Log-softmax of `logits` at `token`, and the `k` likeliest tokens (as

@@ -11,6 +11,10 @@ use super::tree_budget::TreeBudget;
 use crate::constraint::Constraint;
 use crate::error::EngineError;
 
+/// How likely a grammar's closer branch is taken, before anything is
+/// measured (a value ends after any of its tokens with about this chance).
+const CLOSER_PROB: f32 = 0.25;
+
 /// A sequence's speculation: its drafter and its tree-size policy.
 pub struct Speculation {
     pub drafter: Box<dyn Drafter>,
@@ -46,7 +50,9 @@ pub fn draft_tree(
         .as_deref_mut()
         .map(Constraint::forced)
         .unwrap_or_default();
-    let forced = &forced[..forced.len().min(depth).min(budget.max_nodes)];
+    // Forced tokens ride outside the node budget (they cost rows, but the
+    // walk is certain to take them), within the depth.
+    let forced = &forced[..forced.len().min(depth)];
     let ask = budget.draft_len(depth - forced.len());
     if ask == 0 && forced.is_empty() {
         return Ok(TokenTree::default());
@@ -88,9 +94,23 @@ pub fn draft_tree(
     if drafts.is_empty() && !forced.is_empty() {
         drafts.push(Draft::uniform(forced.to_vec(), 1.0));
     }
-    let full = TokenTree::build(&drafts, budget.max_nodes);
-    // Forced nodes have reach 1, so they come first in any cut.
-    let keep = budget.choose(&full).max(forced.len());
+    // Drafts from the grammar: the value may end right after the forced
+    // chain, and what it forces then is certain once the closer is taken.
+    if let Some(c) = constraint.as_deref() {
+        for branch in c.closers(forced, depth) {
+            let mut tokens = forced.to_vec();
+            let mut probs = vec![1.0; forced.len()];
+            probs.push(CLOSER_PROB);
+            probs.extend(std::iter::repeat_n(1.0, branch.len() - 1));
+            tokens.extend(branch);
+            drafts.push(Draft { tokens, probs });
+        }
+    }
+    let mut full = TokenTree::build(&drafts, budget.max_nodes + forced.len());
+    // Forced nodes have reach 1 and are the shallowest, so they come first
+    // in the trie and in any cut.
+    full.forced = forced.len().min(full.len());
+    let keep = budget.choose(&full).max(full.forced);
     Ok(full.cut(keep))
 }
 

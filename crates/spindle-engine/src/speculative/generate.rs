@@ -18,7 +18,8 @@ use super::tree_budget::TreeBudget;
 use super::verify::{push_tree, walk, LazyLogits};
 use crate::error::EngineError;
 use crate::generate::{
-    next_token, prefill, FinishReason, GenerateOutput, GenerateRequest, GenerateStats, Next,
+    next_token, prefill, prepare_during, FinishReason, GenerateOutput, GenerateRequest,
+    GenerateStats, Next,
 };
 
 /// Generates from `req.prompt` like [`crate::generate`], drafting with
@@ -113,7 +114,9 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             let token = self.history[p];
             let root = push_tree(&mut batch, self.seq, p, token, &tree).start;
             let t = Instant::now();
-            let mut logits = LazyLogits::new(self.model.forward_hidden(&batch, kv)?);
+            let preparing = constraint.as_mut().map(|c| (c, tree.likeliest_tokens()));
+            let hidden = prepare_during(preparing, || self.model.forward_hidden(&batch, kv))?;
+            let mut logits = LazyLogits::new(hidden);
             stats.passes += 1;
             stats.decode_passes += 1;
             stats.drafted += tree.len();
@@ -130,12 +133,15 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             )?;
             policy.record_pass(batch.len(), t.elapsed().as_secs_f64());
             stats.accepted += w.accepted();
-            policy.record_acceptance(w.accepted(), w.rejected);
+            policy.record_acceptance(&tree, w.accepted(), w.rejected);
             kv.commit(self.seq, &w.path)?;
             finish = w.finish;
         }
         stats.gen_tokens = generated;
         stats.gen_seconds = t1.elapsed().as_secs_f64();
+        if let Some(c) = &constraint {
+            stats.add_masks(c);
+        }
         Ok(GenerateOutput {
             tokens: self.history.split_off(self.req.prompt.len()),
             finish: finish.expect("the loop ends with a reason"),

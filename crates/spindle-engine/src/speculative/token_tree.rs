@@ -23,6 +23,10 @@ pub struct Node {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenTree {
     pub nodes: Vec<Node>,
+    /// The first `forced` nodes are the chain a grammar forces after the
+    /// pending token: certain to be accepted, so the budget policy counts
+    /// them outside the budget and acceptance statistics leave them out.
+    pub forced: usize,
 }
 
 impl TokenTree {
@@ -69,7 +73,10 @@ impl TokenTree {
                 all[i].reach = all[i].reach.min(all[p].reach);
             }
         }
-        TokenTree { nodes: all }
+        TokenTree {
+            nodes: all,
+            forced: 0,
+        }
     }
 
     /// Node indices, most likely to be reached first; ties go to the
@@ -111,7 +118,34 @@ impl TokenTree {
                 ..all[i].clone()
             });
         }
-        TokenTree { nodes }
+        let forced = self.forced.min(nodes.len());
+        TokenTree { nodes, forced }
+    }
+
+    /// The likeliest descendants of `node` (`None`: the root), as node
+    /// indices: from each node, the child the drafters rated likeliest to
+    /// be reached (the path whose logits a walk reads first).
+    pub fn likeliest_below(&self, mut node: Option<usize>) -> Vec<usize> {
+        let mut path = Vec::new();
+        while let Some((i, _)) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.parent == node)
+            .max_by(|(a, x), (b, y)| x.reach.total_cmp(&y.reach).then(b.cmp(a)))
+        {
+            path.push(i);
+            node = Some(i);
+        }
+        path
+    }
+
+    /// The tokens of the likeliest path from the root.
+    pub fn likeliest_tokens(&self) -> Vec<u32> {
+        self.likeliest_below(None)
+            .into_iter()
+            .map(|i| self.nodes[i].token)
+            .collect()
     }
 
     pub fn len(&self) -> usize {

@@ -95,14 +95,18 @@ impl TreeBudget {
         one + per_row * rows.saturating_sub(1) as f64
     }
 
-    /// The number of nodes of `tree` (built with [`TreeBudget::max_nodes`]) to
-    /// verify in the next pass: a budget for [`TokenTree::cut`].
+    /// The number of nodes of `tree` (built with [`TreeBudget::max_nodes`]
+    /// beyond its forced chain) to verify in the next pass: a budget for
+    /// [`TokenTree::cut`]. The forced chain is always kept and is not part
+    /// of the budget: it is certain, so it adds its tokens for the cost of
+    /// its rows, and the drafted nodes after it are weighed on top of it.
     pub fn choose(&mut self, tree: &TokenTree) -> usize {
+        let forced = tree.forced.min(tree.len());
         if self.fixed {
-            return tree.len().min(self.max_nodes);
+            return tree.len().min(forced + self.max_nodes);
         }
         if std::mem::take(&mut self.probing) {
-            return PROBE_NODES.min(tree.len()).min(self.max_nodes);
+            return forced + PROBE_NODES.min(tree.len() - forced).min(self.max_nodes);
         }
         // Measured reach of every node (parents come first), taken in the
         // order the budget cut keeps nodes.
@@ -117,36 +121,43 @@ impl TreeBudget {
         }
         let mut reach = vec![0.0f64; tree.len()];
         for (i, n) in tree.nodes.iter().enumerate() {
-            let share = local(i) / siblings[&n.parent];
-            reach[i] = n.parent.map_or(1.0, |p| reach[p]) * self.go_on * share;
+            reach[i] = if i < forced {
+                1.0
+            } else {
+                let share = local(i) / siblings[&n.parent];
+                n.parent.map_or(1.0, |p| reach[p]) * self.go_on * share
+            };
         }
+        // The forced chain leads the order (reach 1, shallowest first).
         let order = tree.by_likelihood();
-        let mut best = (0usize, MIN_GAIN / self.pass_seconds(1));
+        let drafted = &order[forced..];
+        let base = 1.0 + forced as f64;
+        let mut best = (0usize, MIN_GAIN * base / self.pass_seconds(1 + forced));
         let mut sum = 0.0;
         let mut taken = 0;
         for &b in BUDGETS.iter().skip(1) {
-            if b > self.max_nodes || b > order.len() {
+            if b > self.max_nodes || b > drafted.len() {
                 break;
             }
             while taken < b {
-                sum += reach[order[taken]];
+                sum += reach[drafted[taken]];
                 taken += 1;
             }
-            let rate = (1.0 + sum) / self.pass_seconds(1 + b);
+            let rate = (base + sum) / self.pass_seconds(1 + forced + b);
             if rate > best.1 {
                 best = (b, rate);
             }
         }
-        if best.0 == 0 && !tree.is_empty() {
+        if best.0 == 0 && !drafted.is_empty() {
             self.plain_streak += 1;
             if self.plain_streak >= PROBE_EVERY {
                 self.plain_streak = 0;
-                return PROBE_NODES.min(tree.len()).min(self.max_nodes);
+                return forced + PROBE_NODES.min(drafted.len()).min(self.max_nodes);
             }
         } else if best.0 > 0 {
             self.plain_streak = 0;
         }
-        best.0
+        forced + best.0
     }
 
     /// How many tokens to ask the drafter for (at most `max`): the chain
@@ -205,10 +216,12 @@ impl TreeBudget {
         self.per_row = Some(per_row);
     }
 
-    /// The walk of a verified tree accepted `accepted` drafted tokens, then
-    /// stopped: `rejected` when the tree offered a next token and the model
-    /// chose another (not when it ran out of tree, or generation ended).
-    pub fn record_acceptance(&mut self, accepted: usize, rejected: bool) {
+    /// The walk of `tree` accepted `accepted` of its tokens, then stopped:
+    /// `rejected` when the tree offered a next token and the model chose
+    /// another (not when it ran out of tree, or generation ended). The
+    /// forced chain says nothing of how good the drafts are: left out.
+    pub fn record_acceptance(&mut self, tree: &TokenTree, accepted: usize, rejected: bool) {
+        let accepted = accepted.saturating_sub(tree.forced);
         for _ in 0..accepted {
             self.go_on += GO_ON_EMA * (1.0 - self.go_on);
         }
@@ -294,11 +307,11 @@ mod tests {
         // pass per extra row.
         assert_eq!(a.choose(&t), 1);
         for _ in 0..40 {
-            a.record_acceptance(8, false);
+            a.record_acceptance(&TokenTree::default(), 8, false);
         }
         assert!(a.choose(&t) >= 12, "{}", a.choose(&t));
         for _ in 0..40 {
-            a.record_acceptance(0, true);
+            a.record_acceptance(&TokenTree::default(), 0, true);
         }
         assert_eq!(a.choose(&t), 0);
         assert_eq!(a.choose(&TokenTree::default()), 0);
@@ -309,7 +322,7 @@ mod tests {
         let mut a = TreeBudget::new(16);
         a.record_pass(1, 0.010);
         for _ in 0..40 {
-            a.record_acceptance(8, false);
+            a.record_acceptance(&TokenTree::default(), 8, false);
         }
         // Four different first tokens: at most one can be right, so a wide
         // tree is worth less than a deep one.
@@ -328,7 +341,7 @@ mod tests {
         let mut a = TreeBudget::new(16);
         a.record_pass(1, 0.010);
         for _ in 0..40 {
-            a.record_acceptance(8, false);
+            a.record_acceptance(&TokenTree::default(), 8, false);
         }
         let free = a.draft_len(16);
         assert!(free >= 8, "{free}");
@@ -361,7 +374,7 @@ mod tests {
         a.record_pass(1, 0.010);
         let t = tree(0.9, 16);
         for _ in 0..50 {
-            a.record_acceptance(0, true);
+            a.record_acceptance(&TokenTree::default(), 0, true);
         }
         let chosen: Vec<usize> = (0..64).map(|_| a.choose(&t)).collect();
         let drafted: usize = chosen.iter().sum();

@@ -189,23 +189,10 @@ pub fn push_tree(
 /// batch row `root + 1 + i`: from each node, the child the drafters rated
 /// likeliest to be reached.
 pub fn likeliest_path(tree: &TokenTree, root: usize, row: usize) -> Vec<usize> {
+    let node = (row > root).then(|| row - root - 1);
     let mut rows = vec![row];
-    let mut node = (row > root).then(|| row - root - 1);
-    loop {
-        let next = tree
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.parent == node)
-            .max_by(|(a, x), (b, y)| x.reach.total_cmp(&y.reach).then(b.cmp(a)));
-        match next {
-            Some((i, _)) => {
-                rows.push(root + 1 + i);
-                node = Some(i);
-            }
-            None => return rows,
-        }
-    }
+    rows.extend(tree.likeliest_below(node).into_iter().map(|i| root + 1 + i));
+    rows
 }
 
 #[cfg(test)]
