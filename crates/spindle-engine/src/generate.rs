@@ -234,7 +234,7 @@ pub fn generate_on(
             logits: true,
         });
         let preparing = constraint.as_mut().map(|c| (c, Vec::new()));
-        let l = prepare_during(preparing, || model.forward(&batch, kv))?;
+        let l = prepare_during(model.n_threads(), preparing, || model.forward(&batch, kv))?;
         kv.commit(seq, &[0])?;
         stats.passes += 1;
         stats.decode_passes += 1;
@@ -257,12 +257,19 @@ pub fn generate_on(
 /// next token's, and those along the given path (the likeliest path of a
 /// tree being verified). Masks depend only on the tokens emitted before
 /// them, so they are ready when the logits are, off the critical path.
+///
+/// Only where a core is spare beside the pass's `threads`: on a machine
+/// whose every core runs the pass, the helper would slow the pass by what
+/// it saves (measured: docs/PERF.md §19), and most masks are never needed
+/// (see [`next_token`]).
 pub fn prepare_during<'a, T>(
+    threads: usize,
     constraints: impl IntoIterator<Item = (&'a mut Constraint, Vec<u32>)>,
     pass: impl FnOnce() -> T,
 ) -> T {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut constraints: Vec<(&mut Constraint, Vec<u32>)> = constraints.into_iter().collect();
-    if constraints.is_empty() {
+    if constraints.is_empty() || cores <= threads {
         return pass();
     }
     std::thread::scope(|s| {
@@ -332,12 +339,30 @@ pub fn next_token(
                 *v += b;
             }
         }
-        if let Some(c) = constraint.as_deref_mut() {
-            if !c.mask_logits(&mut adjusted, rules.stop_ids) {
-                return Next::End(FinishReason::Stop);
+        match constraint.as_deref_mut() {
+            // The mask only matters when the token drawn without it is one
+            // the grammar forbids: drawing from all tokens gives the token
+            // drawn from the allowed ones whenever it is allowed (greedy,
+            // or sampling with no top-k/top-p/min-p cut), so the mask is
+            // computed only then.
+            Some(c) if rules.sampler.is_greedy() || rules.sampler.filters_nothing() => {
+                let t = sample(rules.sampler, &adjusted, history, pos);
+                if c.allows(t, rules.stop_ids) {
+                    t
+                } else if c.mask_logits(&mut adjusted, rules.stop_ids) {
+                    sample(rules.sampler, &adjusted, history, pos)
+                } else {
+                    return Next::End(FinishReason::Stop);
+                }
             }
+            Some(c) => {
+                if !c.mask_logits(&mut adjusted, rules.stop_ids) {
+                    return Next::End(FinishReason::Stop);
+                }
+                sample(rules.sampler, &adjusted, history, pos)
+            }
+            None => sample(rules.sampler, &adjusted, history, pos),
         }
-        sample(rules.sampler, &adjusted, history, pos)
     };
     if rules.stop_ids.contains(&token) {
         return Next::End(FinishReason::Stop);

@@ -53,6 +53,13 @@ impl SamplerConfig {
         self.temperature <= 0.0
     }
 
+    /// Whether sampling draws from every token (no top-k, top-p or min-p
+    /// cut): then the token drawn from a subset is the one drawn from all
+    /// whenever that one is in the subset (the same Gumbel noise per token).
+    pub fn filters_nothing(&self) -> bool {
+        self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
+    }
+
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0

@@ -174,8 +174,18 @@ pub fn print_stats(out: &GenerateOutput, threads: usize, seed: u64) {
     } else {
         String::new()
     };
+    let masks = if s.masks > 0 {
+        format!(
+            " | grammar: {} masks, {:.2} ms each, {:.1} ms waited",
+            s.masks,
+            1e3 * s.mask_seconds / s.masks as f64,
+            1e3 * s.mask_waiting_seconds
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | {} passes, {:.2} tokens/pass{} | {} threads, seed {}, finish: {}",
+        "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | {} passes, {:.2} tokens/pass{}{} | {} threads, seed {}, finish: {}",
         s.prompt_tokens,
         s.prompt_tokens_per_s(),
         s.gen_tokens,
@@ -183,6 +193,7 @@ pub fn print_stats(out: &GenerateOutput, threads: usize, seed: u64) {
         s.passes,
         s.tokens_per_pass(),
         spec,
+        masks,
         threads,
         seed,
         out.finish.as_str()

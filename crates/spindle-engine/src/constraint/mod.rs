@@ -360,6 +360,18 @@ impl Constraint {
         out
     }
 
+    /// Whether the grammar allows `token` next (a stop token where the
+    /// output may end), without computing the mask: one token's check.
+    pub fn allows(&mut self, token: u32, stop_ids: &[u32]) -> bool {
+        if self.matcher.is_stopped() {
+            return false;
+        }
+        if stop_ids.contains(&token) && self.matcher.is_accepting().unwrap_or(false) {
+            return true;
+        }
+        self.matcher.validate_tokens(&[token]).unwrap_or(0) == 1
+    }
+
     /// Sets every logit the grammar forbids to minus infinity (stop tokens
     /// stay allowed where the output may end). `false` when generation must
     /// end instead.

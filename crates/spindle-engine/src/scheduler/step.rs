@@ -173,7 +173,7 @@ impl EngineLoop {
             let path = choosing.iter().find(|c| c.0 == i)?.1.clone();
             Some((r.constraint.as_mut()?, path))
         });
-        let hidden = prepare_during(constraints, || {
+        let hidden = prepare_during(self.model.n_threads(), constraints, || {
             self.model.forward_hidden(batch, &mut self.kv)
         })?;
         let mut logits = LazyLogits::new(hidden);

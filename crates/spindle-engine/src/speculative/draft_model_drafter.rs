@@ -20,6 +20,10 @@ use crate::sampler::argmax;
 
 use super::drafter::{Draft, Drafter};
 
+/// The most a draft model's probability counts for: certainty
+/// ([`super::token_tree::CERTAIN`]) is the grammar's alone.
+const MOST_SURE: f32 = 0.999;
+
 /// Tokens the draft cache can roll back, and so the longest draft.
 pub const ROLLBACK: usize = 64;
 
@@ -251,7 +255,7 @@ impl Drafter for DraftModelDrafter {
         }
         let mut draft = Draft {
             tokens: vec![first.top],
-            probs: vec![first.top_p],
+            probs: vec![first.top_p.min(MOST_SURE)],
         };
         // Each further token needs the one before it run, at the next
         // position of the draft context.
@@ -263,7 +267,7 @@ impl Drafter for DraftModelDrafter {
                 break;
             }
             draft.tokens.push(next.top);
-            draft.probs.push(next.top_p);
+            draft.probs.push(next.top_p.min(MOST_SURE));
         }
         self.stats.drafted += draft.tokens.len();
 
@@ -272,7 +276,7 @@ impl Drafter for DraftModelDrafter {
             if self.confident(p) {
                 drafts.push(Draft {
                     tokens: vec![t],
-                    probs: vec![p],
+                    probs: vec![p.min(MOST_SURE)],
                 });
             }
         }

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::drafter::{Draft, Drafter};
-use super::token_tree::{TokenTree, MAX_DEPTH};
+use super::token_tree::{TokenTree, CERTAIN, MAX_DEPTH};
 use super::tree_budget::TreeBudget;
 use crate::constraint::Constraint;
 use crate::error::EngineError;
@@ -54,7 +54,13 @@ pub fn draft_tree(
     // walk is certain to take them), within the depth.
     let forced = &forced[..forced.len().min(depth)];
     let ask = budget.draft_len(depth - forced.len());
-    if ask == 0 && forced.is_empty() {
+    // Drafts from the grammar: the value may end right after the forced
+    // chain, and what it forces then is certain once the closer is taken.
+    let closers = constraint
+        .as_deref()
+        .map(|c| c.closers(forced, depth))
+        .unwrap_or_default();
+    if ask == 0 && forced.is_empty() && closers.is_empty() {
         return Ok(TokenTree::default());
     }
     let mut drafts = Vec::new();
@@ -67,14 +73,14 @@ pub fn draft_tree(
         };
         for d in proposed {
             let mut tokens = forced.to_vec();
-            let mut probs = vec![1.0; forced.len()];
+            let mut probs = vec![CERTAIN; forced.len()];
             match constraint.as_deref() {
                 Some(c) => {
                     let (valid, tail) = c.fit_draft(forced, &d.tokens);
                     tokens.extend(&d.tokens[..valid]);
                     probs.extend(&d.probs[..valid]);
                     tokens.extend(&tail);
-                    probs.extend(std::iter::repeat_n(1.0, tail.len()));
+                    probs.extend(std::iter::repeat_n(CERTAIN, tail.len()));
                 }
                 None => {
                     tokens.extend(d.tokens);
@@ -92,19 +98,15 @@ pub fn draft_tree(
         budget.record_draft(drafted, t.elapsed().as_secs_f64());
     }
     if drafts.is_empty() && !forced.is_empty() {
-        drafts.push(Draft::uniform(forced.to_vec(), 1.0));
+        drafts.push(Draft::uniform(forced.to_vec(), CERTAIN));
     }
-    // Drafts from the grammar: the value may end right after the forced
-    // chain, and what it forces then is certain once the closer is taken.
-    if let Some(c) = constraint.as_deref() {
-        for branch in c.closers(forced, depth) {
-            let mut tokens = forced.to_vec();
-            let mut probs = vec![1.0; forced.len()];
-            probs.push(CLOSER_PROB);
-            probs.extend(std::iter::repeat_n(1.0, branch.len() - 1));
-            tokens.extend(branch);
-            drafts.push(Draft { tokens, probs });
-        }
+    for branch in closers {
+        let mut tokens = forced.to_vec();
+        let mut probs = vec![CERTAIN; forced.len()];
+        probs.push(CLOSER_PROB);
+        probs.extend(std::iter::repeat_n(CERTAIN, branch.len() - 1));
+        tokens.extend(branch);
+        drafts.push(Draft { tokens, probs });
     }
     let mut full = TokenTree::build(&drafts, budget.max_nodes + forced.len());
     // Forced nodes have reach 1 and are the shallowest, so they come first

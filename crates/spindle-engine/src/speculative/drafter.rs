@@ -16,8 +16,9 @@ use crate::error::EngineError;
 pub struct Draft {
     pub tokens: Vec<u32>,
     /// `probs[i]`: the drafter's estimate that `tokens[i]` is accepted once
-    /// `tokens[..i]` were (in 0..=1). Trees are cut by the product along a
-    /// path: the probability that the whole path is accepted.
+    /// `tokens[..i]` were (in 0..=1; exactly [`super::token_tree::CERTAIN`]
+    /// only where a grammar forces the token). Trees are cut by the product
+    /// along a path: the probability that the whole path is accepted.
     pub probs: Vec<f32>,
 }
 

@@ -115,7 +115,9 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             let root = push_tree(&mut batch, self.seq, p, token, &tree).start;
             let t = Instant::now();
             let preparing = constraint.as_mut().map(|c| (c, tree.likeliest_tokens()));
-            let hidden = prepare_during(preparing, || self.model.forward_hidden(&batch, kv))?;
+            let threads = self.model.n_threads();
+            let hidden =
+                prepare_during(threads, preparing, || self.model.forward_hidden(&batch, kv))?;
             let mut logits = LazyLogits::new(hidden);
             stats.passes += 1;
             stats.decode_passes += 1;

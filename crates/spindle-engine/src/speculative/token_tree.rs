@@ -17,7 +17,14 @@ pub struct Node {
     /// product of acceptance estimates along its path (the largest over
     /// drafts that share the path).
     pub reach: f32,
+    /// Certain once its parent is accepted: every draft through it gave it
+    /// probability exactly [`CERTAIN`] (the grammar forces it).
+    pub certain: bool,
 }
+
+/// A draft probability that means "the grammar forces this token": only
+/// grammar drafts use it; drafters' estimates stay below it.
+pub const CERTAIN: f32 = 1.0;
 
 /// A token tree: nodes in an order where every parent precedes its children.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -51,6 +58,7 @@ impl TokenTree {
                 let at = match existing {
                     Some(at) => {
                         all[at].reach = all[at].reach.max(reach);
+                        all[at].certain &= p == CERTAIN;
                         at
                     }
                     None => {
@@ -59,6 +67,7 @@ impl TokenTree {
                             parent,
                             depth: i + 1,
                             reach,
+                            certain: p == CERTAIN,
                         });
                         all.len() - 1
                     }

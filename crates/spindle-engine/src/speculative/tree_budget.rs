@@ -121,11 +121,13 @@ impl TreeBudget {
         }
         let mut reach = vec![0.0f64; tree.len()];
         for (i, n) in tree.nodes.iter().enumerate() {
-            reach[i] = if i < forced {
-                1.0
+            let parent = n.parent.map_or(1.0, |p| reach[p]);
+            // The forced chain, and what the grammar forces after a guessed
+            // closer, are taken whenever their parent is.
+            reach[i] = if i < forced || n.certain {
+                parent
             } else {
-                let share = local(i) / siblings[&n.parent];
-                n.parent.map_or(1.0, |p| reach[p]) * self.go_on * share
+                parent * self.go_on * local(i) / siblings[&n.parent]
             };
         }
         // The forced chain leads the order (reach 1, shallowest first).
