@@ -669,6 +669,17 @@ def _():
         assert got == SOLO_SCHEMA["text"], (mode, got)
 
 
+def expect_400s(path, cases):
+    """Each (body, param, needle): a 400 whose message holds needle, naming param."""
+    for body, param, needle in cases:
+        r = raw(path, json.dumps(body).encode())
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        err = r.json()["error"]
+        assert needle in err["message"], (needle, err)
+        if param:
+            assert err["param"] == param, (param, err)
+
+
 @check("structured output refusals: bad schemas and grammars, two at once are 400 with the reason")
 def _():
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -682,13 +693,7 @@ def _():
         ({**chat, "grammar": "start: ( \"a\""}, "grammar", "does not compile"),
         ({**chat, "regex": "a+", "json_schema": {"type": "object"}}, None, "give one of"),
     ]
-    for body, param, needle in cases:
-        r = raw("/v1/chat/completions", json.dumps(body).encode())
-        assert r.status_code == 400, (body, r.status_code, r.text)
-        err = r.json()["error"]
-        assert needle in err["message"], (needle, err)
-        if param:
-            assert err["param"] == param, (param, err)
+    expect_400s("/v1/chat/completions", cases)
     ok = raw("/v1/chat/completions", json.dumps({**chat, "tool_choice": "none", "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}).encode())
     assert ok.status_code == 200, ok.text
@@ -826,13 +831,7 @@ def _():
         ({**base, "messages": [asked[0], {"role": "assistant", "tool_calls": [{"id": "x"}]}]}, None,
          "invalid request body"),
     ]
-    for body, param, needle in cases:
-        r = raw("/v1/chat/completions", json.dumps(body).encode())
-        assert r.status_code == 400, (body, r.status_code, r.text)
-        err = r.json()["error"]
-        assert needle in err["message"], (needle, err)
-        if param:
-            assert err["param"] == param, (param, err)
+    expect_400s("/v1/chat/completions", cases)
     r = raw("/v1/completions", json.dumps({"model": MODEL, "prompt": "a", "tools": TOOLS}).encode())
     assert r.status_code == 400 and "chat/completions" in r.json()["error"]["message"], r.text
     wait_idle()
