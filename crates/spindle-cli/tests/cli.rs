@@ -252,3 +252,24 @@ fn score_on_token_ids_of_a_tiny_model() {
         assert!(top[0]["logprob"].as_f64().unwrap() >= lp);
     }
 }
+
+#[test]
+fn an_empty_api_key_is_refused_at_start() {
+    let model = tiny("qwen2").join("model.gguf");
+    let m = model.to_str().unwrap();
+    let why = "the API key is empty";
+    fails_with(&["serve", "-m", m, "--api-key", ""], why);
+    fails_with(&["serve", "-m", m, "--api-key", "  "], why);
+    let o = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "-m", m])
+        .env("SPINDLE_API_KEY", "")
+        .output()
+        .expect("run spindle");
+    assert!(!o.status.success() && stderr(&o).contains(why), "{}", stderr(&o));
+    let empty = tmp("empty-key", b"\n");
+    fails_with(&["serve", "-m", m, "--api-key-file", empty.to_str().unwrap()], why);
+    fails_with(
+        &["serve", "-m", m, "--api-key-file", "/nonexistent/key"],
+        "cannot read --api-key-file /nonexistent/key",
+    );
+}

@@ -185,6 +185,7 @@ pub fn build_job(
         seed,
         ..SamplerConfig::default()
     };
+    refuse_unhonoured(f)?;
     let constraint = constraint(state, f, tool_grammar)?;
     let stop_ids = if f.ignore_eos.unwrap_or(false) {
         Vec::new()
@@ -206,6 +207,45 @@ pub fn build_job(
         tenant: f.user.clone().unwrap_or(tenant),
         watch: None,
     })
+}
+
+/// Fields that would change the output and that Spindle does not honour:
+/// a 400 naming the field, so the client learns it at once instead of
+/// getting an answer to another question.
+fn refuse_unhonoured(f: &SamplingFields) -> Result<(), ApiError> {
+    if f.functions.is_some() || f.function_call.is_some() {
+        let field = if f.functions.is_some() {
+            "functions"
+        } else {
+            "function_call"
+        };
+        return Err(ApiError::invalid(
+            field,
+            "the legacy functions API is not supported: send tools and tool_choice",
+        ));
+    }
+    if f.best_of.is_some_and(|b| b > f.n.unwrap_or(1).max(1)) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "best_of is not supported: ask for n choices and pick among them",
+        ));
+    }
+    if f.audio.is_some() {
+        return Err(ApiError::invalid("audio", "audio output is not supported"));
+    }
+    if let Some(m) = f.modalities.iter().flatten().find(|m| *m != "text") {
+        return Err(ApiError::invalid(
+            "modalities",
+            format!("only text output is supported, not {m}"),
+        ));
+    }
+    if f.prediction.is_some() {
+        return Err(ApiError::invalid(
+            "prediction",
+            "predicted outputs are not supported",
+        ));
+    }
+    Ok(())
 }
 
 /// Completions take no tools (they are a chat feature): refused, never

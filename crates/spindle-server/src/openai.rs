@@ -40,6 +40,14 @@ pub struct SamplingFields {
     pub tools: Option<serde_json::Value>,
     pub tool_choice: Option<serde_json::Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// Fields that would change the output and that Spindle does not
+    /// honour: refused with a 400 naming them, never dropped.
+    pub functions: Option<serde_json::Value>,
+    pub function_call: Option<serde_json::Value>,
+    pub best_of: Option<u32>,
+    pub audio: Option<serde_json::Value>,
+    pub modalities: Option<Vec<String>>,
+    pub prediction: Option<serde_json::Value>,
 }
 
 /// `response_format` of a request.

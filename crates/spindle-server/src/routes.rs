@@ -50,7 +50,7 @@ pub fn router(state: Shared) -> Router {
 async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
         let given = bearer(req.headers());
-        if given.as_deref() != Some(key.as_str()) {
+        if !given.as_deref().is_some_and(|g| same_key(g, key)) {
             let msg = match given {
                 None => "missing API key: send the header 'Authorization: Bearer <key>'",
                 Some(_) => "incorrect API key",
@@ -61,9 +61,25 @@ async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
+/// The credentials of a `Bearer` authorization (the scheme is
+/// case-insensitive, as HTTP schemes are).
 fn bearer(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    v.strip_prefix("Bearer ").map(|s| s.trim().to_string())
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, key) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| key.trim().to_string())
+}
+
+/// Compares keys in time that does not depend on where they differ, so a
+/// client cannot find the key a byte at a time by timing refusals.
+fn same_key(given: &str, key: &str) -> bool {
+    let (a, b) = (given.as_bytes(), key.as_bytes());
+    let mut diff = (a.len() != b.len()) as u8;
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    std::hint::black_box(diff) == 0
 }
 
 /// The tenant of a request: its API key, or everyone's.

@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Clients must send `Authorization: Bearer KEY` (also from SPINDLE_API_KEY).
     #[arg(long = "api-key", env = "SPINDLE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Read the API key from this file (its first line), so that it does not
+    /// show in the process list.
+    #[arg(long = "api-key-file", conflicts_with = "api_key")]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// Sequences decoded at once (KV-cache slots).
     #[arg(long = "max-seqs", default_value_t = 8)]
     pub max_seqs: usize,
@@ -161,10 +165,38 @@ fn check_memory_with_drafts(
     Ok(())
 }
 
+/// The API key clients must send: from --api-key, SPINDLE_API_KEY or
+/// --api-key-file. An empty key is refused (it would lock every client
+/// out); a bind beyond loopback without a key is warned about.
+fn api_key(args: &ServeArgs) -> Result<Option<String>> {
+    let key = match &args.api_key_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --api-key-file {}", path.display()))?;
+            Some(text.lines().next().unwrap_or("").trim().to_string())
+        }
+        None => args.api_key.clone(),
+    };
+    if key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!(
+            "the API key is empty (from --api-key, SPINDLE_API_KEY or --api-key-file): \
+             give a non-empty key, or none to serve without one"
+        );
+    }
+    if key.is_none() && !args.host.is_loopback() {
+        eprintln!(
+            "warning: serving on {} without an API key: anyone who can reach this address can use the model (set --api-key or --api-key-file)",
+            args.host
+        );
+    }
+    Ok(key)
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_seqs == 0 || args.max_batch_tokens == 0 {
         bail!("--max-seqs and --max-batch-tokens must be at least 1");
     }
+    let key = api_key(&args)?;
     let tree_budget = args.spec.tree_budget()?;
     let path = args.model.resolve()?;
     // What does not fit even without drafts is refused before anything loads.
@@ -222,7 +254,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             drafts: drafts.unwrap_or_default(),
         },
     );
-    let mut state = AppState::new(engine, tok, name.clone(), args.api_key.clone());
+    let key_required = key.is_some();
+    let mut state = AppState::new(engine, tok, name.clone(), key);
     state.request_timeout = Duration::from_secs(args.request_timeout.max(1));
     let addr = SocketAddr::new(args.host, args.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -233,7 +266,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         eprintln!(
             "serving {name} ({threads} threads, context {ctx}, KV pool {kv_bytes} {}: {pool}{drafting}{}) at http://{bound}/v1",
             ty.name(),
-            if args.api_key.is_some() { ", API key required" } else { "" }
+            if key_required { ", API key required" } else { "" }
         );
         // Scripts wait for this line on stdout.
         println!("http://{bound}/v1");

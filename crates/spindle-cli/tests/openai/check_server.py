@@ -283,6 +283,12 @@ def _():
             raise AssertionError("a bad key was accepted")
         except openai.AuthenticationError:
             pass
+    # The scheme is case-insensitive; a key that only starts like the right
+    # one, or is longer, is refused.
+    for scheme, key, status in [("bearer", KEY, 200), ("BEARER", KEY, 200), ("Bearer", KEY[:-1], 401),
+                                ("Bearer", KEY + "x", 401), ("Basic", KEY, 401)]:
+        r = request("GET", URL, "/models", headers={"Authorization": f"{scheme} {key}"})
+        assert r.status_code == status, (scheme, key, r.status_code)
     for bad in [dict(temperature=5), dict(top_p=0), dict(n=0), dict(logit_bias={"x": 1})]:
         try:
             client.completions.create(model=MODEL, prompt="a", max_tokens=2, **bad)
@@ -567,6 +573,16 @@ def _():
                          "questions": [{"id": "q", "kind": "yes_no"}]}), 400, "context"),
         # Refused by the server's own checks.
         (completion(prompt="a", max_tokens=0), 400, "max_tokens"),
+        # Fields that would change the answer and are not honoured: named.
+        (chat(functions=[{"name": "f", "parameters": {}}]), 400, "functions"),
+        (chat(function_call="auto"), 400, "functions API"),
+        (completion(prompt="a", best_of=3), 400, "best_of"),
+        (chat(modalities=["text", "audio"]), 400, "audio"),
+        (chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio"),
+        (chat(prediction={"type": "content", "content": "x"}), 400, "predicted outputs"),
+        (chat(messages=[{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                     {"type": "image_url", "image_url": {"url": "x"}}]}]),
+         400, "image_url"),
         (completion(prompt="a", logit_bias={str(vocab): 1}), 400, "logit_bias"),
         (completion(prompt="a", temperature=-1), 400, "temperature"),
         (completion(prompt=["a", "b"]), 400, "one prompt"),

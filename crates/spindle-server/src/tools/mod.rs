@@ -220,6 +220,14 @@ pub fn conversation(
     let mut call_ids: Vec<(String, String)> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let bad = |why: String| ApiError::invalid("messages", format!("messages[{i}]: {why}"));
+        if let Some(Content::Parts(parts)) = &m.content {
+            if let Some(p) = parts.iter().find(|p| p.kind != "text") {
+                return Err(bad(format!(
+                    "content parts of type {} are not supported: this server reads text only",
+                    p.kind
+                )));
+            }
+        }
         let content = text_of(m.content.as_ref());
         let mut msg = ChatMessage::new(m.role.clone(), content);
         if let Some(calls) = &m.tool_calls {
