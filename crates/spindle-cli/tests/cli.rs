@@ -265,9 +265,16 @@ fn an_empty_api_key_is_refused_at_start() {
         .env("SPINDLE_API_KEY", "")
         .output()
         .expect("run spindle");
-    assert!(!o.status.success() && stderr(&o).contains(why), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains(why),
+        "{}",
+        stderr(&o)
+    );
     let empty = tmp("empty-key", b"\n");
-    fails_with(&["serve", "-m", m, "--api-key-file", empty.to_str().unwrap()], why);
+    fails_with(
+        &["serve", "-m", m, "--api-key-file", empty.to_str().unwrap()],
+        why,
+    );
     fails_with(
         &["serve", "-m", m, "--api-key-file", "/nonexistent/key"],
         "cannot read --api-key-file /nonexistent/key",

@@ -450,7 +450,14 @@ async fn drive_choice(
 ) {
     let mut generated = 0;
     loop {
-        let event = match tokio::time::timeout_at(deadline, events.recv()).await {
+        // A client that leaves while its request waits or runs is noticed
+        // at once (not at the next token): dropping `events` cancels the
+        // request, so the engine drops it before its next prefill or pass.
+        let next = tokio::select! {
+            e = tokio::time::timeout_at(deadline, events.recv()) => e,
+            _ = out.tx.closed() => return,
+        };
+        let event = match next {
             Ok(Some(e)) => e,
             Ok(None) => {
                 let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped");

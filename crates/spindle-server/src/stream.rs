@@ -65,7 +65,14 @@ impl Streamer {
         let mut completion_tokens = 0;
         let mut done = 0;
         while done < self.n {
-            let Some(piece) = rx.recv().await else {
+            // A client that goes away while nothing is generated yet (its
+            // request still queued) is noticed here: returning drops `rx`,
+            // which cancels every choice.
+            let piece = tokio::select! {
+                p = rx.recv() => p,
+                _ = tx.closed() => return,
+            };
+            let Some(piece) = piece else {
                 return;
             };
             let event = match piece {

@@ -425,6 +425,45 @@ def _():
     assert request("GET", small, "/health").status_code == 200
 
 
+@check("a client that leaves while queued is dropped at once; none of its prompt is processed")
+def _():
+    import socket
+    import threading
+
+    small = SMALL[: -len("/v1")]
+    host, port = urllib.parse.urlparse(small).hostname, urllib.parse.urlparse(small).port
+
+    def busy():
+        body = {"model": MODEL, "prompt": "Write.", "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+        request("POST", SMALL, "/completions", body, {"Content-Type": "application/json"})
+
+    holder = threading.Thread(target=busy)
+    holder.start()
+    for _ in range(100):
+        if metrics(small)["spindle:num_requests_running"] == 1:
+            break
+        time.sleep(0.05)
+    prompt_before = metrics(small)["spindle:prompt_tokens_total"]
+    for stream in (False, True):
+        sock = socket.create_connection((host, port))
+        body = json.dumps({"model": MODEL, "prompt": "word " * 300, "max_tokens": 5, "stream": stream}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        for _ in range(100):
+            if metrics(small)["spindle:num_requests_waiting"] == 1:
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("the request did not queue")
+        sock.close()
+        t = time.time()
+        while metrics(small)["spindle:num_requests_waiting"] != 0:
+            assert time.time() - t < 1.0, f"the abandoned request (stream={stream}) still waits"
+            time.sleep(0.02)
+    holder.join()
+    assert metrics(small)["spindle:prompt_tokens_total"] == prompt_before, "an abandoned prompt was processed"
+
+
 @check("a request that times out is cancelled and frees its KV")
 def _():
     root = IMPATIENT[: -len("/v1")]
