@@ -96,6 +96,19 @@ def metrics(root=ROOT):
     return out
 
 
+def exposition(root=ROOT):
+    """Every sample of /metrics: (name, labels dict, value)."""
+    out = []
+    for line in request("GET", root, "/metrics").text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, labels = head.partition("{")
+        pairs = [kv.split("=", 1) for kv in labels.rstrip("}").split(",") if kv]
+        out.append((name, {k: v.strip('"') for k, v in pairs}, float(value)))
+    return out
+
+
 def raw(path, body, headers=None):
     h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     h.update(headers or {})
@@ -444,6 +457,9 @@ def _():
             break
         time.sleep(0.05)
     prompt_before = metrics(small)["spindle:prompt_tokens_total"]
+    counts = lambda: {(n, l.get("finished_reason")): v for n, l, v in exposition(small)  # noqa: E731
+                      if n in ("spindle:request_success_total", "spindle:request_cancelled_total")}
+    counts_before = counts()
     for stream in (False, True):
         sock = socket.create_connection((host, port))
         body = json.dumps({"model": MODEL, "prompt": "word " * 300, "max_tokens": 5, "stream": stream}).encode()
@@ -462,6 +478,12 @@ def _():
             time.sleep(0.02)
     holder.join()
     assert metrics(small)["spindle:prompt_tokens_total"] == prompt_before, "an abandoned prompt was processed"
+    # Counted as cancelled, not as successes; the request that stayed as a
+    # success at its token limit.
+    after, before = counts(), counts_before
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta == {("spindle:request_success_total", "stop"): 0, ("spindle:request_success_total", "length"): 1,
+                     ("spindle:request_cancelled_total", None): 2}, delta
 
 
 @check("a request that times out is cancelled and frees its KV")
@@ -548,19 +570,6 @@ def _():
         assert m["spindle:spec_decode_num_draft_tokens_total"] > 0, (mode, m)
 
 
-def exposition(root=ROOT):
-    """Every sample of /metrics: (name, labels dict, value)."""
-    out = []
-    for line in request("GET", root, "/metrics").text.splitlines():
-        if line.startswith("#"):
-            continue
-        head, value = line.rsplit(" ", 1)
-        name, _, labels = head.partition("{")
-        pairs = [kv.split("=", 1) for kv in labels.rstrip("}").split(",") if kv]
-        out.append((name, {k: v.strip('"') for k, v in pairs}, float(value)))
-    return out
-
-
 @check("vllm: metrics for endpoint pickers, with vLLM's meanings and the right values")
 def _():
     wait_idle()
@@ -640,9 +649,11 @@ def _():
     big = json.dumps({"model": MODEL, "prompt": "x" * (3 << 20)}).encode()
     r = raw("/v1/completions", big)
     assert r.status_code == 413, (r.status_code, r.text[:200])
-    # The wrong method: 405.
+    assert "2 MiB" in r.json()["error"]["message"], r.text[:200]
+    # The wrong method: 405, with an OpenAI-style body and the Allow header.
     r = request("GET", ROOT, "/v1/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 405, (r.status_code, r.text)
+    assert r.json()["error"]["code"] == 405 and "post" in r.headers["allow"].lower(), (r.text, r.headers)
     assert request("GET", ROOT, "/health").status_code == 200
     wait_idle()
 

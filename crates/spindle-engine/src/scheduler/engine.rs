@@ -131,12 +131,16 @@ impl EngineLoop {
                 continue;
             }
             let r = self.running.swap_remove(i);
+            if !r.is_finished() {
+                self.count_cancelled(1);
+            }
             self.release(r);
         }
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.preempted)
             .into_iter()
             .partition(|r| r.req.events.is_closed());
         self.preempted = kept;
+        self.count_cancelled(gone.len());
         for r in gone {
             self.give_back_drafter(r);
         }
@@ -147,11 +151,19 @@ impl EngineLoop {
         {
             self.next_up = None;
             self.queued.fetch_sub(1, Ordering::SeqCst);
+            self.count_cancelled(1);
         }
         let before = self.waiting.len();
         self.waiting.retain(|w| !w.req.events.is_closed());
         let dropped = before - self.waiting.len();
         self.queued.fetch_sub(dropped, Ordering::SeqCst);
+        self.count_cancelled(dropped);
+    }
+
+    fn count_cancelled(&self, n: usize) {
+        self.metrics
+            .requests_cancelled
+            .fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Frees a running sequence's KV blocks and gives back its drafter.

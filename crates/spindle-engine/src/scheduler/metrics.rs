@@ -62,7 +62,14 @@ pub struct Metrics {
     pub prefix_cache_hits: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
+    /// Requests that ended well (a stop, or the token limit).
     pub requests_finished: AtomicU64,
+    /// Of those, the ones that ended at the token limit or the context.
+    pub requests_finished_length: AtomicU64,
+    /// Requests whose client went away (cancelled, waiting or running).
+    pub requests_cancelled: AtomicU64,
+    /// Requests ended by an error of the engine.
+    pub requests_failed: AtomicU64,
     pub spec_drafted: AtomicU64,
     pub spec_accepted: AtomicU64,
     pub passes: AtomicU64,
@@ -178,7 +185,7 @@ impl Metrics {
             get(&self.kv_block_tokens),
             get(&self.kv_blocks)
         );
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 10] = [
             (
                 "spindle:prefix_cache_queries_total",
                 "Prompt tokens looked up in the prefix cache.",
@@ -200,9 +207,14 @@ impl Metrics {
                 &self.generation_tokens,
             ),
             (
-                "spindle:request_success_total",
-                "Requests finished.",
-                &self.requests_finished,
+                "spindle:request_cancelled_total",
+                "Requests whose client went away before they finished.",
+                &self.requests_cancelled,
+            ),
+            (
+                "spindle:request_failed_total",
+                "Requests ended by an error of the engine.",
+                &self.requests_failed,
             ),
             (
                 "spindle:spec_decode_num_draft_tokens_total",
@@ -230,6 +242,19 @@ impl Metrics {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name}{label} {}",
                 get(v)
+            );
+        }
+        // vLLM's success counter, by finish reason.
+        let length = get(&self.requests_finished_length);
+        let stop = get(&self.requests_finished).saturating_sub(length);
+        let _ = writeln!(
+            out,
+            "# HELP spindle:request_success_total Requests finished, by reason (a stop, or the token limit).\n# TYPE spindle:request_success_total counter"
+        );
+        for (reason, n) in [("stop", stop), ("length", length)] {
+            let _ = writeln!(
+                out,
+                "spindle:request_success_total{{model_name=\"{model}\",finished_reason=\"{reason}\"}} {n}"
             );
         }
         let seconds = [

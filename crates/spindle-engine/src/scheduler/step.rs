@@ -85,6 +85,7 @@ impl EngineLoop {
         let r = &mut self.running[i];
         let _ = r.req.events.send(Event::Error(e));
         r.phase = Phase::Finished;
+        self.metrics.requests_failed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Each decoding sequence's pending token, with the tree its drafter
@@ -265,7 +266,16 @@ pub(super) fn finish(metrics: &Metrics, r: &mut Sequence, reason: FinishReason) 
         prompt_tokens: r.req.prompt.len(),
         completion_tokens: r.generated,
     }));
-    metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+    let counter = match reason {
+        FinishReason::Cancelled => &metrics.requests_cancelled,
+        FinishReason::Stop | FinishReason::Length => &metrics.requests_finished,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if reason == FinishReason::Length {
+        metrics
+            .requests_finished_length
+            .fetch_add(1, Ordering::Relaxed);
+    }
     metrics.observe(&metrics.e2e_latency, r.arrived.elapsed().as_secs_f64());
     if let Some(c) = &r.constraint {
         let micros = |s: f64| (s * 1e6) as u64;
