@@ -42,6 +42,10 @@ pub struct AppState {
     /// How the model writes tool calls (its template's format, or the
     /// generic JSON one).
     pub tool_format: tools::ToolFormat,
+    /// Bytes of the vocabulary's longest token: a text of `b` bytes has at
+    /// least `b / longest_token` tokens, so an over-long prompt is refused
+    /// before it is tokenized.
+    pub longest_token: usize,
 }
 
 impl AppState {
@@ -60,11 +64,17 @@ impl AppState {
             }
         };
         let tool_format = tools::ToolFormat::of(&template, &tokenizer);
+        let longest_token = (0..tokenizer.vocab_size() as u32)
+            .filter_map(|id| tokenizer.token_bytes(id).map(<[u8]>::len))
+            .max()
+            .unwrap_or(1)
+            .max(1);
         AppState {
             engine,
             tokenizer,
             template,
             tool_format,
+            longest_token,
             model_name,
             api_key,
             request_timeout: generation::default_timeout(),

@@ -167,6 +167,24 @@ fn untokenizable(
     }
 }
 
+/// Refuses a text of `bytes` bytes for field `param` when even at the
+/// vocabulary's longest token per token it would not fit the context:
+/// before tokenizing it (a megabyte prompt costs time to tokenize).
+fn refuse_unfitting(state: &AppState, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+    let ctx = state.engine.ctx;
+    let at_least = bytes.div_ceil(state.longest_token);
+    if at_least > ctx {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "the {param} has at least {at_least} tokens ({bytes} bytes, at most {} bytes a token), more than the context of {ctx}: shorten it",
+                state.longest_token
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Prompt ids of a completions request.
 fn completion_prompt(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
     let tok = &state.tokenizer;
@@ -182,6 +200,7 @@ fn completion_prompt(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiE
         // The engine checks the ids when the job is submitted.
         Prompt::Ids(ids) => return Ok(ids.clone()),
     };
+    refuse_unfitting(state, "prompt", text.len())?;
     tok.encode(&text, tok.add_bos_default(), true)
         .map_err(untokenizable("prompt"))
 }
@@ -201,6 +220,7 @@ fn chat_prompt(
         .template
         .render_tools_for(&state.tokenizer, &msgs, template_tools.as_ref(), true)
         .map_err(|e| ApiError::invalid("messages", format!("the chat template failed: {e}")))?;
+    refuse_unfitting(state, "messages", rendered.len())?;
     state
         .tokenizer
         .encode_chat_prompt(&rendered)

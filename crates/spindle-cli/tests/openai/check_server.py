@@ -288,6 +288,14 @@ def _():
         msg = str(e)
         ctx = client.models.list().data[0].model_extra["max_model_len"]
         assert str(ctx) in msg and str(10**6) in msg, msg
+    # A prompt whose bytes alone prove it cannot fit is refused before it
+    # is tokenized (quickly), for completions and chats.
+    for path, body in [("/v1/completions", {"model": MODEL, "prompt": "word " * 380000}),
+                       ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "word " * 380000}]})]:
+        t = time.time()
+        r = raw(path, json.dumps(body).encode())
+        assert r.status_code == 400 and "at least" in r.json()["error"]["message"], (path, r.status_code, r.text[:300])
+        assert time.time() - t < 2, time.time() - t
     for key in [None, "wrong"]:
         c = openai.OpenAI(base_url=URL, api_key=key or "x", max_retries=0)
         headers = {} if key else {"Authorization": ""}
