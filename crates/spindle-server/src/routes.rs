@@ -221,9 +221,12 @@ fn chat_prompt(
         .render_tools_for(&state.tokenizer, &msgs, template_tools.as_ref(), true)
         .map_err(|e| ApiError::invalid("messages", format!("the chat template failed: {e}")))?;
     refuse_unfitting(state, "messages", rendered.len())?;
+    // What users and tools wrote stays text: special-token text in a
+    // message never becomes a control token.
+    let texts: Vec<&str> = msgs.iter().map(|m| m.content.as_str()).collect();
     state
         .tokenizer
-        .encode_chat_prompt(&rendered)
+        .encode_chat_prompt_guarded(&rendered, &texts)
         .map_err(untokenizable("messages"))
 }
 

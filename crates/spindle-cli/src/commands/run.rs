@@ -50,8 +50,9 @@ pub fn prompt_ids(tok: &Tokenizer, text: &str, chat: bool) -> Result<Vec<u32>> {
     encode_chat(tok, &messages)
 }
 
-/// Renders messages with the model's chat template and encodes them, special
-/// tokens included (no second BOS when the template wrote one).
+/// Renders messages with the model's chat template and encodes them: the
+/// template's control tokens parsed, the messages' own text kept as text
+/// (no second BOS when the template wrote one).
 pub fn encode_chat(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>> {
     let template = ChatTemplate::for_tokenizer(tok);
     let text = template.render(
@@ -60,7 +61,8 @@ pub fn encode_chat(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>
         &tok.bos_token().unwrap_or_default(),
         &tok.eos_token().unwrap_or_default(),
     )?;
-    Ok(tok.encode_chat_prompt(&text)?)
+    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    Ok(tok.encode_chat_prompt_guarded(&text, &texts)?)
 }
 
 pub fn run(args: RunArgs) -> Result<()> {

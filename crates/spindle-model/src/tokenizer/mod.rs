@@ -195,6 +195,8 @@ struct Inner {
     add_eos: bool,
     chat_template: Option<String>,
     family: Option<String>,
+    /// The text of each special token, made when first needed.
+    special_texts: std::sync::OnceLock<Vec<String>>,
 }
 
 /// A tokenizer: encode text to ids, decode ids to text. Cheap to clone (the
@@ -316,6 +318,7 @@ impl Tokenizer {
                 add_eos: parts.add_eos,
                 chat_template: parts.chat_template,
                 family: parts.family,
+                special_texts: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -343,6 +346,77 @@ impl Tokenizer {
         }
         out.extend_from_slice(ids);
         Ok(out)
+    }
+
+    /// [`Tokenizer::encode_chat_prompt`] for a prompt that holds untrusted
+    /// `texts` (message contents): the template's own control tokens are
+    /// parsed, but special-token text inside a content stays text, so a
+    /// user cannot write `<end_of_turn>` and open the model's turn.
+    ///
+    /// Each text is found in the rendered prompt, in order, and tokenized
+    /// with special parsing off; the template's text around them with it
+    /// on. Prompts whose texts hold no special-token text are tokenized
+    /// exactly as by `encode_chat_prompt`. A text that holds special-token
+    /// text but cannot be found (the template rewrote it) is refused.
+    pub fn encode_chat_prompt_guarded(
+        &self,
+        rendered: &str,
+        texts: &[&str],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let specials = self.special_texts();
+        let risky = |t: &str| specials.iter().any(|s| t.contains(s.as_str()));
+        if !texts.iter().any(|t| risky(t)) {
+            return self.encode_chat_prompt(rendered);
+        }
+        // Byte ranges of the texts that hold special-token text.
+        let mut ranges = Vec::new();
+        let mut from = 0;
+        for t in texts {
+            let t = t.trim();
+            if t.is_empty() {
+                continue;
+            }
+            match rendered[from..].find(t) {
+                Some(at) => {
+                    if risky(t) {
+                        ranges.push(from + at..from + at + t.len());
+                    }
+                    from += at + t.len();
+                }
+                None if risky(t) => {
+                    return Err(TokenizerError::Backend(format!(
+                        "a message holds special-token text ({}) where the chat template changed it, so it cannot be kept as text",
+                        specials.iter().find(|s| t.contains(s.as_str())).map_or("", |s| s.as_str())
+                    )))
+                }
+                None => {}
+            }
+        }
+        let mut ids = Vec::new();
+        let mut at = 0;
+        for r in ranges {
+            ids.extend(self.encode(&rendered[at..r.start], false, true)?);
+            ids.extend(self.encode(&rendered[r.start..r.end], false, false)?);
+            at = r.end;
+        }
+        ids.extend(self.encode(&rendered[at..], false, true)?);
+        if let Some(bos) = self.inner.bos {
+            if self.inner.add_bos && ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The text of every special (control) token.
+    fn special_texts(&self) -> &[String] {
+        self.inner.special_texts.get_or_init(|| {
+            (0..self.inner.vocab_size as u32)
+                .filter(|&id| self.is_special(id))
+                .filter_map(|id| self.id_to_token(id))
+                .filter(|t| !t.is_empty())
+                .collect()
+        })
     }
 
     /// Token ids of a prompt rendered by a chat template: special-token text
