@@ -35,6 +35,8 @@ pub struct AppState {
     /// Clients must send `Authorization: Bearer <key>` when set.
     pub api_key: Option<String>,
     pub request_timeout: Duration,
+    /// How long a shutdown waits for the requests in flight.
+    pub drain_timeout: Duration,
     pub created: u64,
     /// Compiles `response_format`, `json_schema`, `grammar` and `regex`
     /// against the model's vocabulary (built once, at start).
@@ -78,14 +80,20 @@ impl AppState {
             model_name,
             api_key,
             request_timeout: generation::default_timeout(),
+            drain_timeout: Duration::from_secs(30),
             created: generation::now_unix(),
             grammars,
         }
     }
 }
 
-/// Serves `state` on `addr` until the process is interrupted; `on_ready`
-/// is called with the bound address once connections are accepted.
+/// Serves `state` on `addr` until SIGINT or SIGTERM; `on_ready` is called
+/// with the bound address once connections are accepted.
+///
+/// The first signal stops accepting connections and lets the requests in
+/// flight finish, for at most `state.drain_timeout` (a client that sends
+/// nothing is not waited for beyond it); a second signal stops at once.
+/// Each step is logged.
 pub async fn serve(
     state: AppState,
     addr: SocketAddr,
@@ -93,15 +101,53 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     on_ready(listener.local_addr()?);
+    let drain = state.drain_timeout;
     let app = router(Arc::new(state));
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-            eprintln!("shutting down: finishing the requests in flight (Ctrl-C again to stop now)");
-            tokio::spawn(async {
-                let _ = tokio::signal::ctrl_c().await;
-                std::process::exit(130);
+        .with_graceful_shutdown(async move {
+            let name = stop_signal().await;
+            eprintln!(
+                "{name}: shutting down: no new connections; finishing the requests in flight (at most {} s; a second signal stops at once)",
+                drain.as_secs()
+            );
+            tokio::spawn(async move {
+                tokio::select! {
+                    name = stop_signal() => {
+                        eprintln!("{name} again: stopping now");
+                        std::process::exit(130);
+                    }
+                    _ = tokio::time::sleep(drain) => {
+                        eprintln!("the drain timeout passed with connections still open: stopping now");
+                        std::process::exit(0);
+                    }
+                }
             });
         })
-        .await
+        .await?;
+    eprintln!("every request finished: stopped");
+    Ok(())
+}
+
+/// Waits for SIGINT (Ctrl-C) or SIGTERM (what orchestrators send); returns
+/// its name.
+async fn stop_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
 }

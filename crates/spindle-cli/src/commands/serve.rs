@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// Seconds a request may take before it is cancelled.
     #[arg(long = "request-timeout", default_value_t = 600)]
     pub request_timeout: u64,
+    /// Seconds a shutdown (SIGTERM or SIGINT) waits for the requests in
+    /// flight before it stops anyway.
+    #[arg(long = "drain-timeout", default_value_t = 30)]
+    pub drain_timeout: u64,
     /// The model name clients use (default: the file's name without extension).
     #[arg(long = "served-model-name")]
     pub served_model_name: Option<String>,
@@ -257,6 +261,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let key_required = key.is_some();
     let mut state = AppState::new(engine, tok, name.clone(), key);
     state.request_timeout = Duration::from_secs(args.request_timeout.max(1));
+    state.drain_timeout = Duration::from_secs(args.drain_timeout);
     let addr = SocketAddr::new(args.host, args.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
