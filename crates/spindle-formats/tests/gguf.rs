@@ -755,3 +755,32 @@ fn large_token_array_parses_fast() {
     // Generous: the machine is shared. A sane parser takes a few milliseconds.
     assert!(took.as_secs_f64() < 2.0, "parse took {took:?}");
 }
+
+#[test]
+fn overlapping_tensors_are_an_error_naming_both() {
+    let mut bytes = sample_builder().build();
+    // Point f16.weight (one dimension) at offset 0, where f32.weight's 32
+    // bytes are: the offset field follows its name, dimension count (4),
+    // one dimension (8) and type (4).
+    let name = b"f16.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the name is in the header")
+        + name.len()
+        + 16;
+    bytes[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    let e = err(&bytes);
+    let text = e.to_string();
+    assert!(
+        matches!(&e, FormatError::Invalid { field, offset, .. }
+            if field == "data offset of tensor 'f16.weight'" && *offset == at as u64),
+        "{text}"
+    );
+    assert!(
+        text.contains("overlap") && text.contains("'f32.weight'"),
+        "{text}"
+    );
+    // The untouched file parses.
+    assert!(parse(&sample_builder().build()).is_ok());
+}

@@ -294,9 +294,12 @@ impl<'a> Parser<'a> {
             u64::MAX
         };
         let mut tensors = Vec::with_capacity(raw.len());
+        let mut offsets_at = Vec::with_capacity(raw.len());
         for t in raw {
+            offsets_at.push(t.offset_at);
             tensors.push(place_tensor(t, data_offset, alignment, file_len)?);
         }
+        check_overlaps(&tensors, &offsets_at)?;
 
         Ok(Header {
             version,
@@ -432,6 +435,34 @@ impl<'a> Parser<'a> {
 
 /// Sizes `t` from its dimensions and type, makes its offset absolute and
 /// checks that its bytes lie inside the file.
+/// Tensors whose byte ranges overlap: one of their offsets is wrong (a
+/// flipped bit in the header), and the loader would read one tensor's bytes
+/// as another's.
+fn check_overlaps(tensors: &[GgufTensorInfo], offsets_at: &[u64]) -> Result<(), FormatError> {
+    let mut order: Vec<usize> = (0..tensors.len())
+        .filter(|&i| tensors[i].n_bytes > 0)
+        .collect();
+    order.sort_by_key(|&i| tensors[i].offset);
+    for w in order.windows(2) {
+        let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
+        if a.offset + a.n_bytes > b.offset {
+            return Err(FormatError::Invalid {
+                field: format!("data offset of tensor '{}'", b.name),
+                offset: offsets_at[w[1]],
+                reason: format!(
+                    "its bytes {}..{} overlap those of tensor '{}' ({}..{}): the header is corrupt, fetch the model again",
+                    b.offset,
+                    b.offset + b.n_bytes,
+                    a.name,
+                    a.offset,
+                    a.offset + a.n_bytes
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn place_tensor(
     t: RawTensor,
     data_offset: u64,
