@@ -23,6 +23,12 @@ pub enum ModelError {
         got: Vec<usize>,
         want: Vec<usize>,
     },
+    #[error("tensor '{name}' holds {value} at element {index}: the weights are corrupt; fetch the model again")]
+    NonFinite {
+        name: String,
+        index: usize,
+        value: f32,
+    },
     #[error("{0}")]
     InvalidBatch(String),
     #[error("sequence {seq} would reach {len} tokens, past the context of {ctx}: shorten the prompt or raise --ctx")]

@@ -174,6 +174,15 @@ impl TensorSource<'_> {
         }
         let mut out = vec![0.0f32; len];
         spindle_kernels::dequantize(raw.ty, &raw.data, &mut out)?;
+        // Norms and biases are small: a NaN or an infinity in one would turn
+        // every logit into NaN and the output into one repeated token.
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::NonFinite {
+                name: name.into(),
+                index: i,
+                value: out[i],
+            });
+        }
         if offset != 0.0 {
             out.iter_mut().for_each(|v| *v += offset);
         }

@@ -87,3 +87,33 @@ fn argmax(v: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// A NaN or an infinity in a norm is a load error naming the tensor, not a
+/// model that answers uniform probabilities.
+#[test]
+fn non_finite_norms_are_a_load_error() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny/llama/model.gguf");
+    let info = spindle_formats::GgufFile::open(&src).unwrap();
+    let t = info
+        .tensor("output_norm.weight")
+        .expect("the tiny model has an output norm")
+        .clone();
+    assert_eq!(t.type_id, 0, "an F32 norm");
+    for (k, bad) in [(3usize, f32::NAN), (0, f32::INFINITY)] {
+        let mut bytes = std::fs::read(&src).unwrap();
+        let at = t.offset as usize + 4 * k;
+        bytes[at..at + 4].copy_from_slice(&bad.to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        std::fs::write(&path, &bytes).unwrap();
+        let e = spindle_model::load(&path, 1)
+            .err()
+            .expect("the corrupt model is refused")
+            .to_string();
+        assert!(
+            e.contains("output_norm.weight") && e.contains(&format!("element {k}")),
+            "{e}"
+        );
+    }
+}
