@@ -8,7 +8,7 @@ mod common;
 
 use serde_json::{json, Value};
 use spindle_engine::constraint::{Grammar, GrammarCompiler};
-use spindle_engine::scheduler::{spawn_engine, EngineConfig, Event, Request, RequestParams};
+use spindle_engine::scheduler::{spawn_engine, EngineConfig, Request, RequestParams};
 use spindle_engine::speculative::{generate_speculative, NgramDrafter, TreeBudget};
 use spindle_engine::{generate, GenerateOutput, GenerateRequest, SamplerConfig};
 use spindle_model::tokenizer::Tokenizer;
@@ -243,14 +243,7 @@ fn constrained_requests_in_a_batch_equal_their_solo_runs() {
         rxs.push(rx);
     }
     for (i, mut rx) in rxs.into_iter().enumerate() {
-        let mut tokens = Vec::new();
-        loop {
-            match rx.blocking_recv().expect("the engine answers") {
-                Event::Token { id, .. } => tokens.push(id),
-                Event::Finished(_) => break,
-                other => panic!("{other:?}"),
-            }
-        }
+        let tokens = common::tokens_until_finished(&mut rx);
         assert_eq!(tokens, solo[i], "request {i}");
     }
 }

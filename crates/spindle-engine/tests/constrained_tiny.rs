@@ -10,7 +10,7 @@ mod common;
 use common::tiny;
 use serde_json::{json, Value};
 use spindle_engine::constraint::{Constraint, Grammar, GrammarCompiler};
-use spindle_engine::scheduler::{spawn_engine, EngineConfig, Event, Request, RequestParams};
+use spindle_engine::scheduler::{spawn_engine, EngineConfig, Request, RequestParams};
 use spindle_engine::speculative::{generate_speculative, NgramDrafter, TreeBudget};
 use spindle_engine::{generate, GenerateRequest, SamplerConfig};
 use spindle_model::tokenizer::{GgufVocab, Tokenizer};
@@ -164,15 +164,7 @@ fn constrained_speculation_and_batches_equal_plain_constrained_decoding() {
             rxs.push(rx);
         }
         for (i, mut rx) in rxs.into_iter().enumerate() {
-            let mut got = Vec::new();
-            loop {
-                match rx.blocking_recv().expect("the engine answers") {
-                    Event::Token { id, .. } => got.push(id),
-                    Event::Finished(_) => break,
-                    Event::Error(err) => panic!("{arch} request {i}: {err}"),
-                    Event::Scores(_) => {}
-                }
-            }
+            let got = common::tokens_until_finished(&mut rx);
             assert_eq!(got, wants[i].1, "{arch} request {i}, in the batch");
         }
     }

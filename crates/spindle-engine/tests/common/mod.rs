@@ -38,3 +38,19 @@ pub fn real_model() -> Option<PathBuf> {
     );
     None
 }
+
+#[allow(dead_code)]
+/// The tokens of one request of the serving loop, until it finishes.
+pub fn tokens_until_finished(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<spindle_engine::scheduler::Event>,
+) -> Vec<u32> {
+    use spindle_engine::scheduler::Event;
+    let mut tokens = Vec::new();
+    loop {
+        match rx.blocking_recv().expect("the engine answers") {
+            Event::Token { id, .. } => tokens.push(id),
+            Event::Finished(_) => return tokens,
+            other => panic!("{other:?}"),
+        }
+    }
+}
