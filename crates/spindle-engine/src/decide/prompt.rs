@@ -330,7 +330,12 @@ fn chat_prompt(
         .split_once(marker)
         .map(|(before, _)| before.to_string())
         .ok_or_else(|| DecideError::Template("the template drops the question".into()))?;
-    let prompt = tokenizer.encode_chat_prompt(&state).map_err(tok_err)?;
+    // What the messages say stays text: special-token text in a state
+    // never becomes a control token.
+    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    let prompt = tokenizer
+        .encode_chat_prompt_guarded(&state, &texts)
+        .map_err(tok_err)?;
     let lead = if ends_with_user { "\n\n" } else { "" };
     let mut suffixes = Vec::new();
     for q in &req.questions {
@@ -339,7 +344,7 @@ fn chat_prompt(
         let rest = full.strip_prefix(&state).ok_or_else(|| {
             DecideError::Template("the question changes how the state renders".into())
         })?;
-        suffixes.push(tokenizer.encode(rest, false, true).map_err(tok_err)?);
+        suffixes.push(tokenizer.encode_guarded(rest, &[&asked]).map_err(tok_err)?);
     }
     // What the template writes after an assistant reply.
     let mut answered = with("?");

@@ -363,10 +363,27 @@ impl Tokenizer {
         rendered: &str,
         texts: &[&str],
     ) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = self.encode_guarded(rendered, texts)?;
+        if let Some(bos) = self.inner.bos {
+            if self.inner.add_bos && ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Token ids of template-rendered `rendered` (no BOS added): special
+    /// tokens parsed, except inside the untrusted `texts`, which stay text
+    /// (see [`Tokenizer::encode_chat_prompt_guarded`]).
+    pub fn encode_guarded(
+        &self,
+        rendered: &str,
+        texts: &[&str],
+    ) -> Result<Vec<u32>, TokenizerError> {
         let specials = self.special_texts();
         let risky = |t: &str| specials.iter().any(|s| t.contains(s.as_str()));
         if !texts.iter().any(|t| risky(t)) {
-            return self.encode_chat_prompt(rendered);
+            return self.encode(rendered, false, true);
         }
         // Byte ranges of the texts that hold special-token text.
         let mut ranges = Vec::new();
@@ -400,11 +417,6 @@ impl Tokenizer {
             at = r.end;
         }
         ids.extend(self.encode(&rendered[at..], false, true)?);
-        if let Some(bos) = self.inner.bos {
-            if self.inner.add_bos && ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
         Ok(ids)
     }
 
