@@ -437,13 +437,8 @@ impl Tokenizer {
     /// the BOS token (templates such as Gemma's write `{{ bos_token }}`
     /// themselves), so there is never a second BOS.
     pub fn encode_chat_prompt(&self, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
-        let mut ids = self.encode(rendered, false, true)?;
-        if let Some(bos) = self.inner.bos {
-            if self.inner.add_bos && ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
-        Ok(ids)
+        // No untrusted text: every special-token text is parsed.
+        self.encode_chat_prompt_guarded(rendered, &[])
     }
 
     /// The text of `ids`. Special (control) tokens such as BOS, EOS and
