@@ -267,7 +267,9 @@ pub fn prepare_during<'a, T>(
     constraints: impl IntoIterator<Item = (&'a mut Constraint, Vec<u32>)>,
     pass: impl FnOnce() -> T,
 ) -> T {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Asked once: on Linux the answer reads cgroup files.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut constraints: Vec<(&mut Constraint, Vec<u32>)> = constraints.into_iter().collect();
     if constraints.is_empty() || cores <= threads {
         return pass();

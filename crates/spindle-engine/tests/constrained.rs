@@ -75,15 +75,6 @@ fn request(tok: &Tokenizer, prompt: &str, sampler: SamplerConfig) -> GenerateReq
     }
 }
 
-fn sampled(seed: u64) -> SamplerConfig {
-    SamplerConfig {
-        temperature: 0.8,
-        top_p: 0.9,
-        seed,
-        ..SamplerConfig::default()
-    }
-}
-
 fn plain(m: &LoadedModel, req: &GenerateRequest) -> GenerateOutput {
     let mut kv = m.model.new_kv_cache(m.model.default_kv_type(), 512, 1);
     generate(&m.model, &mut kv, req, |_| true).unwrap()
@@ -107,7 +98,7 @@ fn schema_constrained_output_obeys_and_speculation_changes_nothing() {
         "Record for the user who signed up today:\n",
     ];
     for (i, p) in prompts.iter().enumerate() {
-        for sampler in [SamplerConfig::default(), sampled(7 + i as u64)] {
+        for sampler in [SamplerConfig::default(), common::nucleus(7 + i as u64)] {
             let mut req = request(tok, p, sampler.clone());
             req.constraint = Some(constraint.clone());
             let want = plain(&m, &req);
@@ -208,7 +199,7 @@ fn constrained_requests_in_a_batch_equal_their_solo_runs() {
             if i % 2 == 0 {
                 SamplerConfig::default()
             } else {
-                sampled(i)
+                common::nucleus(i)
             }
         })
         .collect();

@@ -16,15 +16,6 @@ fn greedy() -> SamplerConfig {
     SamplerConfig::default()
 }
 
-fn nucleus(seed: u64) -> SamplerConfig {
-    SamplerConfig {
-        temperature: 0.8,
-        top_p: 0.9,
-        seed,
-        ..SamplerConfig::default()
-    }
-}
-
 fn request(prompt: &[u32], n: usize, sampler: SamplerConfig) -> GenerateRequest {
     GenerateRequest {
         prompt: prompt.to_vec(),
@@ -136,7 +127,11 @@ fn ngram_speculation_equals_plain_decoding() {
         let mut drafted = 0;
         let mut accepted = 0;
         for (pi, prompt) in prompts().iter().enumerate() {
-            for sampler in [greedy(), nucleus(pi as u64), nucleus(1000 + pi as u64)] {
+            for sampler in [
+                greedy(),
+                common::nucleus(pi as u64),
+                common::nucleus(1000 + pi as u64),
+            ] {
                 let req = request(prompt, 48, sampler.clone());
                 let (want, want_kv) = plain(&m, &req);
                 let policies = [
@@ -169,7 +164,7 @@ fn ngram_speculation_equals_plain_decoding() {
 fn rejected_and_branching_trees_change_nothing() {
     let m = tiny("gemma3");
     for (pi, prompt) in prompts().iter().enumerate() {
-        for sampler in [greedy(), nucleus(7 + pi as u64)] {
+        for sampler in [greedy(), common::nucleus(7 + pi as u64)] {
             let req = request(prompt, 40, sampler);
             let (want, want_kv) = plain(&m, &req);
             let mut random = Random {

@@ -277,6 +277,8 @@ async fn chat_completions(
         (false, None) => None,
     };
     let tool_grammar = tools.as_ref().and_then(|t| t.grammar(&state.tool_format));
+    // With a grammar the reply is calls, nothing else.
+    let required = tool_grammar.is_some();
     let mut job = generation::build_job(
         &state,
         &req.sampling,
@@ -288,7 +290,6 @@ async fn chat_completions(
     )?;
     job.watch = tools.as_ref().filter(|t| t.offered()).map(|t| {
         let names = t.callable().iter().map(|f| f.name.clone()).collect();
-        let required = t.grammar(&state.tool_format).is_some();
         ReplyWatch::new(state.tool_format.clone(), names, required)
     });
     respond(state, job, &req.sampling, Kind::Chat).await

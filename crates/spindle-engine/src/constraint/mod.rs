@@ -176,6 +176,17 @@ pub struct MaskTiming {
     pub waiting_seconds: f64,
 }
 
+impl MaskTiming {
+    /// `m`'s mask, counted and timed.
+    fn mask(&mut self, m: &mut Matcher) -> Result<toktrie::SimpleVob, String> {
+        let t = Instant::now();
+        let mask = m.compute_mask().map_err(|e| e.to_string());
+        self.masks += 1;
+        self.seconds += t.elapsed().as_secs_f64();
+        mask
+    }
+}
+
 impl Clone for Constraint {
     /// An independent copy (each of `n` choices walks its own).
     fn clone(&self) -> Constraint {
@@ -241,11 +252,7 @@ impl Constraint {
     }
 
     fn compute_mask(&mut self) -> Result<toktrie::SimpleVob, String> {
-        let t = Instant::now();
-        let mask = self.matcher.compute_mask().map_err(|e| e.to_string());
-        self.timing.masks += 1;
-        self.timing.seconds += t.elapsed().as_secs_f64();
-        mask
+        self.timing.mask(&mut self.matcher)
     }
 
     /// Computes masks now, so that choosing tokens later does not wait:
@@ -270,11 +277,7 @@ impl Constraint {
             if m.consume_token(t).is_err() || m.is_stopped() {
                 break;
             }
-            let t0 = Instant::now();
-            let mask = m.compute_mask();
-            self.timing.masks += 1;
-            self.timing.seconds += t0.elapsed().as_secs_f64();
-            match mask {
+            match self.timing.mask(&mut m) {
                 Ok(mask) => self.prepared.push((path[..=k].to_vec(), mask)),
                 Err(_) => break,
             }

@@ -54,3 +54,15 @@ pub fn tokens_until_finished(
         }
     }
 }
+
+#[allow(dead_code)]
+/// Temperature 0.8 and top-p 0.9 with `seed`: the sampled setting the
+/// losslessness tests use.
+pub fn nucleus(seed: u64) -> spindle_engine::SamplerConfig {
+    spindle_engine::SamplerConfig {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed,
+        ..spindle_engine::SamplerConfig::default()
+    }
+}

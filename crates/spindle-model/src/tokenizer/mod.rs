@@ -196,7 +196,47 @@ struct Inner {
     chat_template: Option<String>,
     family: Option<String>,
     /// The text of each special token, made when first needed.
-    special_texts: std::sync::OnceLock<Vec<String>>,
+    special_texts: std::sync::OnceLock<SpecialTexts>,
+}
+
+/// The texts of the special tokens, found in a text in one pass: only at
+/// bytes that start one, and only for the lengths they have (a vocabulary
+/// can have thousands of them, `<unused0>` and on).
+struct SpecialTexts {
+    texts: std::collections::HashSet<String>,
+    lens: Vec<usize>,
+    starts: [bool; 256],
+}
+
+impl SpecialTexts {
+    fn new(texts: impl Iterator<Item = String>) -> SpecialTexts {
+        let texts: std::collections::HashSet<String> = texts.collect();
+        let mut lens: Vec<usize> = texts.iter().map(String::len).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        let mut starts = [false; 256];
+        for t in &texts {
+            starts[t.as_bytes()[0] as usize] = true;
+        }
+        SpecialTexts {
+            texts,
+            lens,
+            starts,
+        }
+    }
+
+    /// The first special-token text in `t`.
+    fn first_in<'a>(&self, t: &'a str) -> Option<&'a str> {
+        t.bytes()
+            .enumerate()
+            .filter(|&(_, b)| self.starts[b as usize])
+            .find_map(|(i, _)| {
+                self.lens
+                    .iter()
+                    .filter_map(|&l| t.get(i..i + l))
+                    .find(|s| self.texts.contains(*s))
+            })
+    }
 }
 
 /// A tokenizer: encode text to ids, decode ids to text. Cheap to clone (the
@@ -380,33 +420,38 @@ impl Tokenizer {
         rendered: &str,
         texts: &[&str],
     ) -> Result<Vec<u32>, TokenizerError> {
-        let specials = self.special_texts();
-        let risky = |t: &str| specials.iter().any(|s| t.contains(s.as_str()));
-        if !texts.iter().any(|t| risky(t)) {
+        // The special-token text each untrusted text holds, if any.
+        let found: Vec<Option<&str>> = match texts {
+            [] => Vec::new(),
+            _ => {
+                let specials = self.special_texts();
+                texts.iter().map(|t| specials.first_in(t.trim())).collect()
+            }
+        };
+        if found.iter().all(Option::is_none) {
             return self.encode(rendered, false, true);
         }
         // Byte ranges of the texts that hold special-token text.
         let mut ranges = Vec::new();
         let mut from = 0;
-        for t in texts {
+        for (t, special) in texts.iter().zip(found) {
             let t = t.trim();
             if t.is_empty() {
                 continue;
             }
-            match rendered[from..].find(t) {
-                Some(at) => {
-                    if risky(t) {
+            match (rendered[from..].find(t), special) {
+                (Some(at), _) => {
+                    if special.is_some() {
                         ranges.push(from + at..from + at + t.len());
                     }
                     from += at + t.len();
                 }
-                None if risky(t) => {
+                (None, Some(special)) => {
                     return Err(TokenizerError::Backend(format!(
-                        "a message holds special-token text ({}) where the chat template changed it, so it cannot be kept as text",
-                        specials.iter().find(|s| t.contains(s.as_str())).map_or("", |s| s.as_str())
+                        "a message holds special-token text ({special}) where the chat template changed it, so it cannot be kept as text"
                     )))
                 }
-                None => {}
+                (None, None) => {}
             }
         }
         let mut ids = Vec::new();
@@ -420,14 +465,15 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// The text of every special (control) token.
-    fn special_texts(&self) -> &[String] {
+    /// The texts of the special (control) tokens, made when first needed.
+    fn special_texts(&self) -> &SpecialTexts {
         self.inner.special_texts.get_or_init(|| {
-            (0..self.inner.vocab_size as u32)
-                .filter(|&id| self.is_special(id))
-                .filter_map(|id| self.id_to_token(id))
-                .filter(|t| !t.is_empty())
-                .collect()
+            SpecialTexts::new(
+                (0..self.inner.vocab_size as u32)
+                    .filter(|&id| self.is_special(id))
+                    .filter_map(|id| self.id_to_token(id))
+                    .filter(|t| !t.is_empty()),
+            )
         })
     }
 

@@ -97,18 +97,19 @@ impl ToolFormat {
         }
     }
 
-    /// The markers that may be dropped from decoded text, by token id.
-    pub fn special_markers(&self) -> Vec<(u32, &str)> {
-        let markers: Vec<&Marker> = match self {
-            ToolFormat::Hermes { open, close } => vec![open, close],
-            ToolFormat::Llama3 { python_tag } => vec![python_tag],
-            ToolFormat::Mistral { marker } => vec![marker],
-            ToolFormat::Generic => vec![],
+    /// The text of marker token `id`, which decoding leaves out of the text
+    /// (a special token); `None` for any other token.
+    pub fn special_marker(&self, id: u32) -> Option<&str> {
+        let markers: &[&Marker] = match self {
+            ToolFormat::Hermes { open, close } => &[open, close],
+            ToolFormat::Llama3 { python_tag } => &[python_tag],
+            ToolFormat::Mistral { marker } => &[marker],
+            ToolFormat::Generic => &[],
         };
         markers
-            .into_iter()
-            .filter_map(|m| m.special_id.map(|id| (id, m.text.as_str())))
-            .collect()
+            .iter()
+            .find(|m| m.special_id == Some(id))
+            .map(|m| m.text.as_str())
     }
 
     /// How a reply that holds calls begins (after white space).

@@ -154,15 +154,8 @@ impl ReplyWatch {
     /// Takes the text of one token (`id`, for the special markers decoding
     /// leaves out); returns the text that can go to the client now.
     pub fn push(&mut self, id: Option<u32>, text: &str) -> String {
-        if let Some(id) = id {
-            if let Some((_, m)) = self
-                .format
-                .special_markers()
-                .into_iter()
-                .find(|&(m, _)| m == id)
-            {
-                self.held.push_str(m);
-            }
+        if let Some(m) = id.and_then(|id| self.format.special_marker(id)) {
+            self.held.push_str(m);
         }
         self.held.push_str(text);
         match self.state {
