@@ -45,7 +45,9 @@ impl ModelArgs {
             return Ok(m.clone());
         }
         let path = home::default_model_path();
-        if !path.exists() {
+        // Only when certainly absent: a broken link there (a loop, say) is
+        // reported by the load rather than pulled over.
+        if matches!(path.try_exists(), Ok(false)) {
             eprintln!(
                 "The default model is not in {} yet; pulling it first.",
                 home::models_dir().display()

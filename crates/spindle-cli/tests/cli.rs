@@ -60,6 +60,57 @@ fn a_file_that_is_not_a_model_is_a_clear_error() {
     );
 }
 
+/// Runs spindle and kills it after 30 s, so that a command blocked on a FIFO
+/// fails the test instead of hanging it.
+#[cfg(unix)]
+fn spindle_within_30s(args: &[&str]) -> Output {
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run spindle");
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("spindle {args:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn fifos_and_symlink_loops_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    for (path, needle) in [(&fifo, "is a FIFO (named pipe)"), (&a, "is a symlink loop")] {
+        let m = path.to_str().unwrap();
+        for args in [
+            vec!["run", "-m", m, "-p", "hi"],
+            vec!["run", "-m", m, "--ctx", "64", "-p", "hi"],
+            vec!["tokenize", "-m", m, "hi"],
+            vec!["plan", m],
+        ] {
+            let o = spindle_within_30s(&args);
+            let err = stderr(&o);
+            assert!(!o.status.success(), "{args:?} should fail; stderr: {err}");
+            assert!(
+                err.contains(needle),
+                "{args:?}: want '{needle}', got: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn truncated_model_is_a_clear_error() {
     let bytes = std::fs::read(tiny("gemma3").join("model.gguf")).unwrap();

@@ -16,6 +16,28 @@ pub enum FormatError {
         source: std::io::Error,
     },
 
+    /// A symbolic link on the path leads back to itself.
+    #[error(
+        "{} is a symlink loop (too many levels of symbolic links): a link on this path points \
+         back to itself; point it at the model file",
+        path.display()
+    )]
+    SymlinkLoop { path: PathBuf },
+
+    /// The path exists but is the wrong kind of entry: a FIFO, socket or
+    /// device (which cannot be memory-mapped, and a FIFO would block the
+    /// open), or a directory where a file belongs.
+    #[error(
+        "{} is {found}, not {expected}: pass a .gguf file or a Hugging Face model directory \
+         (config.json + *.safetensors)",
+        path.display()
+    )]
+    WrongFileKind {
+        path: PathBuf,
+        found: &'static str,
+        expected: &'static str,
+    },
+
     /// The file ends before a field it declares. `offset` is where the field
     /// starts and `needed` how many bytes it takes from there.
     #[error(

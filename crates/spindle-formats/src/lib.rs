@@ -5,6 +5,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod file_kind;
 pub mod gguf;
 pub mod header_shape;
 pub mod safetensors_dir;

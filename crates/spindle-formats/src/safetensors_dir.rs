@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::dtype::GgmlType;
 use crate::error::FormatError;
+use crate::file_kind::{self, entry_exists};
 use crate::storage::{Storage, TensorBytes};
 
 /// The model configuration file of a Hugging Face directory.
@@ -21,9 +22,11 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 /// The shard index of a sharded model.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// Whether `path` is a directory holding a `config.json`.
+/// Whether `path` is a directory holding a `config.json`. A `config.json`
+/// that is not a regular file (a FIFO, a symlink loop) counts, so that
+/// opening the directory reports what is wrong with it.
 pub fn is_hf_dir(path: &Path) -> bool {
-    path.is_dir() && path.join(CONFIG_FILE).is_file()
+    path.is_dir() && entry_exists(&path.join(CONFIG_FILE))
 }
 
 /// A parsed `config.json`.
@@ -141,13 +144,25 @@ impl SafetensorsModel {
     /// [`SafetensorsModel::require_tensor`] reports them as
     /// [`FormatError::UnsupportedType`].
     pub fn open(dir: &Path) -> Result<SafetensorsModel, FormatError> {
-        if !dir.is_dir() {
-            return Err(FormatError::Safetensors {
-                path: dir.to_path_buf(),
-                reason: "not a directory: pass a Hugging Face model directory (holding \
-                         config.json and *.safetensors) or a .gguf file"
-                    .to_string(),
-            });
+        match file_kind::metadata(dir) {
+            Ok(meta) if meta.is_dir() => {}
+            // A FIFO, socket or device: name the kind.
+            Ok(meta) if !meta.is_file() => {
+                return Err(FormatError::WrongFileKind {
+                    path: dir.to_path_buf(),
+                    found: file_kind::kind_name(meta.file_type()),
+                    expected: "a model directory",
+                });
+            }
+            Err(e @ FormatError::SymlinkLoop { .. }) => return Err(e),
+            _ => {
+                return Err(FormatError::Safetensors {
+                    path: dir.to_path_buf(),
+                    reason: "not a directory: pass a Hugging Face model directory (holding \
+                             config.json and *.safetensors) or a .gguf file"
+                        .to_string(),
+                })
+            }
         }
         let config = HfConfig::load(&dir.join(CONFIG_FILE))?;
 
@@ -161,20 +176,27 @@ impl SafetensorsModel {
             unsupported: HashMap::new(),
         };
 
-        if index_path.is_file() {
+        // Present in any form: a FIFO or symlink loop in their place is
+        // reported when read, not taken for a missing file.
+        if entry_exists(&index_path) {
             let weight_map = read_weight_map(&index_path)?;
             let shards: BTreeSet<&str> = weight_map.values().map(String::as_str).collect();
             let mut shard_of = HashMap::new();
             for shard in shards {
                 let path = shard_path(dir, shard, &index_path)?;
-                if !path.is_file() {
-                    return Err(FormatError::Safetensors {
-                        path,
-                        reason: format!(
-                            "this shard, listed in {INDEX_FILE}, is missing: the download is \
-                             incomplete, fetch the model again"
-                        ),
-                    });
+                match file_kind::require_file(&path, "a safetensors file") {
+                    Err(FormatError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        return Err(FormatError::Safetensors {
+                            path,
+                            reason: format!(
+                                "this shard, listed in {INDEX_FILE}, is missing: the download \
+                                 is incomplete, fetch the model again"
+                            ),
+                        });
+                    }
+                    r => r.map(drop)?,
                 }
                 for name in model.add_file(&path)? {
                     shard_of.insert(name, shard);
@@ -195,7 +217,7 @@ impl SafetensorsModel {
                     });
                 }
             }
-        } else if single_path.is_file() {
+        } else if entry_exists(&single_path) {
             model.add_file(&single_path)?;
         } else {
             return Err(FormatError::Safetensors {
@@ -314,6 +336,8 @@ impl SafetensorsModel {
 }
 
 fn read_json(path: &Path) -> Result<Value, FormatError> {
+    // fs::read of a FIFO would block.
+    file_kind::require_file(path, "a JSON file")?;
     let text = fs::read(path).map_err(|source| FormatError::Io {
         path: path.to_path_buf(),
         source,

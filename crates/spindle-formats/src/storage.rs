@@ -9,6 +9,7 @@ use std::sync::Arc;
 use memmap2::Mmap;
 
 use crate::error::FormatError;
+use crate::file_kind::require_file;
 
 /// Alignment of owned buffers, so that tensor data inside them is aligned as
 /// well as it would be in a memory map (GGUF aligns tensors to 32 bytes).
@@ -64,6 +65,8 @@ impl Storage {
             path: path.to_path_buf(),
             source,
         };
+        // Checked first: open() on a FIFO blocks until a writer appears.
+        require_file(path, "a model file")?;
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only. As with every memory-mapped reader,
         // the file must not be truncated or rewritten while it is mapped;
@@ -97,6 +100,7 @@ impl Storage {
         match path {
             Some(p) => {
                 use std::io::Read;
+                require_file(p, "a model file")?;
                 File::open(p)
                     .and_then(|mut f| f.read_exact(&mut map[..bytes.len()]))
                     .map_err(io)?;

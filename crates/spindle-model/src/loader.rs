@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use spindle_formats::{GgufFile, SafetensorsModel};
+use spindle_formats::{FormatError, GgufFile, SafetensorsModel};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -77,14 +77,25 @@ fn gguf_tokenizer(gguf: &GgufFile) -> Result<(Option<Tokenizer>, Option<String>)
     Ok(split(Tokenizer::from_gguf(gguf)))
 }
 
+/// The path must be a file or a directory: a symlink loop is named as one
+/// (not "no such file"), and a FIFO or device is refused before it is opened.
 fn check_exists(path: &Path) -> Result<(), ModelError> {
-    if path.exists() {
-        return Ok(());
+    match spindle_formats::file_kind::metadata(path) {
+        Ok(meta) if meta.is_file() || meta.is_dir() => Ok(()),
+        Ok(meta) => Err(FormatError::WrongFileKind {
+            path: path.to_path_buf(),
+            found: spindle_formats::file_kind::kind_name(meta.file_type()),
+            expected: "a model file or directory",
+        }
+        .into()),
+        Err(FormatError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Err(ModelError::Open {
+                path: path.display().to_string(),
+                reason: "no such file or directory; give a .gguf file or a model directory with -m, or run `spindle pull`".into(),
+            })
+        }
+        Err(e) => Err(e.into()),
     }
-    Err(ModelError::Open {
-        path: path.display().to_string(),
-        reason: "no such file or directory; give a .gguf file or a model directory with -m, or run `spindle pull`".into(),
-    })
 }
 
 fn open_hf_dir(path: &Path) -> Result<SafetensorsModel, ModelError> {
@@ -148,5 +159,43 @@ fn split<T, E: std::fmt::Display>(r: Result<T, E>) -> (Option<T>, Option<String>
     match r {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(e.to_string())),
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn fifos_and_symlink_loops_are_refused_promptly() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("model.gguf");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+        let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+        std::os::unix::fs::symlink(&b, &a).unwrap();
+        std::os::unix::fs::symlink(&a, &b).unwrap();
+
+        // On its own thread, so that a regression fails instead of hanging.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let err = |r: Result<(), ModelError>| r.err().map(|e| e.to_string());
+            let _ = tx.send([
+                err(load_tokenizer(&fifo).map(drop)),
+                err(load(&fifo, 1).map(drop)),
+                err(load(&a, 1).map(drop)),
+            ]);
+        });
+        let [tok, fifo, looped] = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("opening a FIFO blocked");
+        for e in [tok, fifo] {
+            let e = e.expect("a FIFO must be refused");
+            assert!(e.contains("is a FIFO (named pipe)"), "{e}");
+        }
+        let looped = looped.expect("a symlink loop must be refused");
+        assert!(looped.contains("symlink loop"), "{looped}");
     }
 }

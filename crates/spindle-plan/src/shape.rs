@@ -95,7 +95,11 @@ impl ModelShape {
     /// (`config.json` and safetensors files, of which only headers are read).
     /// A path to a `.safetensors` file plans its directory.
     pub fn from_path(path: &Path) -> Result<ModelShape, PlanError> {
-        let meta = std::fs::metadata(path).map_err(|e| PlanError::io(path, e))?;
+        // A symlink loop is named as one; other failures read as before.
+        let meta = spindle_formats::file_kind::metadata(path).map_err(|e| match e {
+            spindle_formats::FormatError::Io { source, .. } => PlanError::io(path, source),
+            e => e.into(),
+        })?;
         let is_st_file = path.extension().is_some_and(|e| e == "safetensors");
         if meta.is_dir() || is_st_file {
             let dir = if meta.is_dir() {

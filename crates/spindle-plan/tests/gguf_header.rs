@@ -143,3 +143,26 @@ fn broken_gguf_headers_are_errors() {
     let err = ModelShape::from_path(f.path()).unwrap_err().to_string();
     assert!(err.contains("llama.block_count"), "{err}");
 }
+
+#[cfg(unix)]
+#[test]
+fn fifos_and_symlink_loops_are_refused_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    // On its own thread, so that a regression fails instead of hanging.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let err = |p: &std::path::Path| ModelShape::from_path(p).unwrap_err().to_string();
+        let _ = tx.send((err(&fifo), err(&a)));
+    });
+    let (fifo, looped) = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("planning a FIFO blocked");
+    assert!(fifo.contains("is a FIFO (named pipe)"), "{fifo}");
+    assert!(looped.contains("symlink loop"), "{looped}");
+}

@@ -11,6 +11,12 @@ use serde_json::Value;
 use super::{Added, Parts, PieceKind, TokenizerError};
 
 fn read(path: &Path) -> Result<String, TokenizerError> {
+    // Reading a FIFO would block for ever; a symlink loop gets its own
+    // message. A missing file is left to read_to_string's error, as before.
+    match spindle_formats::file_kind::require_file(path, "a tokenizer file") {
+        Err(spindle_formats::FormatError::Io { .. }) | Ok(_) => {}
+        Err(e) => return Err(e.into()),
+    }
     std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
         path: path.to_path_buf(),
         source,
@@ -264,5 +270,26 @@ mod tests {
             piece_kind(Some(&json!({"type": "WordPiece", "prefix": "##"}))),
             PieceKind::Other
         );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_tokenizer_json_is_refused_promptly() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.path().join("tokenizer.json"))
+            .status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.path().to_path_buf();
+        // On its own thread, so that a regression fails instead of hanging.
+        std::thread::spawn(move || {
+            let _ = tx.send(build(&d).err().map(|e| e.to_string()));
+        });
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("reading a FIFO blocked")
+            .expect("a FIFO must be refused");
+        assert!(e.contains("tokenizer.json is a FIFO (named pipe)"), "{e}");
     }
 }

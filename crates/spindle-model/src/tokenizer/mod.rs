@@ -79,6 +79,10 @@ pub enum TokenizerError {
         source: std::io::Error,
     },
 
+    /// A tokenizer file is a FIFO, a device or a symlink loop.
+    #[error(transparent)]
+    File(#[from] spindle_formats::FormatError),
+
     /// A tokenizer file could not be parsed.
     #[error("cannot parse {}: {message}", path.display())]
     Parse { path: PathBuf, message: String },
