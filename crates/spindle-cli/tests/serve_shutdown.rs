@@ -1,6 +1,6 @@
 //! `spindle serve` stopped as orchestrators stop it: SIGTERM lets a stream
 //! in flight finish with `[DONE]`, refuses new connections, does not wait
-//! beyond `--drain-timeout` for a client that sends nothing, and logs each
+//! for clients that send half a request and then nothing, and logs each
 //! step.
 
 mod common;
@@ -26,7 +26,7 @@ fn sigterm_drains_streams_and_does_not_wait_on_silent_clients() {
             "--ctx",
             "512",
             "--drain-timeout",
-            "6",
+            "30",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -60,11 +60,21 @@ fn sigterm_drains_streams_and_does_not_wait_on_silent_clients() {
         );
         seen.push_str(&l);
     }
-    // A client that sends half its headers and then nothing.
-    let mut silent = TcpStream::connect(&addr).unwrap();
-    silent
-        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    // Clients that send half their headers, or half a body, and then
+    // nothing.
+    let mut silent = Vec::new();
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        silent.push(s);
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 90\r\n\r\n{\"pro",
+        )
         .unwrap();
+        silent.push(s);
+    }
     std::thread::sleep(Duration::from_millis(200));
 
     let signalled = Instant::now();
@@ -84,10 +94,11 @@ fn sigterm_drains_streams_and_does_not_wait_on_silent_clients() {
         TcpStream::connect(&addr).is_err(),
         "a new connection was accepted while draining"
     );
-    // The silent client is not waited for beyond the drain timeout.
+    // The silent clients are not waited for: the stop comes once the
+    // stream ends, long before the 30 s drain timeout.
     let status = child.wait().unwrap();
     let waited = signalled.elapsed();
-    assert!(waited < Duration::from_secs(12), "stopped after {waited:?}");
+    assert!(waited < Duration::from_secs(10), "stopped after {waited:?}");
     assert!(status.success(), "{status:?}");
     let mut log = String::new();
     child
@@ -97,6 +108,6 @@ fn sigterm_drains_streams_and_does_not_wait_on_silent_clients() {
         .read_to_string(&mut log)
         .unwrap();
     assert!(log.contains("SIGTERM: shutting down"), "{log}");
-    assert!(log.contains("drain timeout passed"), "{log}");
+    assert!(log.contains("every request finished"), "{log}");
     drop(silent);
 }

@@ -49,16 +49,23 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({
+impl ApiError {
+    /// The JSON body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({
             "error": {
                 "message": self.message,
                 "type": self.kind(),
                 "param": self.param,
                 "code": self.status.as_u16(),
             }
-        });
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body();
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(s) = self.retry_after {
             resp.headers_mut()

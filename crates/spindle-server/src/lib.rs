@@ -4,6 +4,7 @@
 //! batching loop. The server knows requests and text; the engine knows
 //! sequences and tokens.
 
+pub mod connections;
 mod decide;
 mod error;
 mod generation;
@@ -37,6 +38,10 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// How long a shutdown waits for the requests in flight.
     pub drain_timeout: Duration,
+    /// Timeouts and the cap on connections.
+    pub connections: connections::ConnectionLimits,
+    /// Turns true when the server starts to shut down.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
     pub created: u64,
     /// Compiles `response_format`, `json_schema`, `grammar` and `regex`
     /// against the model's vocabulary (built once, at start).
@@ -81,6 +86,8 @@ impl AppState {
             api_key,
             request_timeout: generation::default_timeout(),
             drain_timeout: Duration::from_secs(30),
+            connections: connections::ConnectionLimits::default(),
+            stopping: tokio::sync::watch::Sender::new(false),
             created: generation::now_unix(),
             grammars,
         }
@@ -90,10 +97,10 @@ impl AppState {
 /// Serves `state` on `addr` until SIGINT or SIGTERM; `on_ready` is called
 /// with the bound address once connections are accepted.
 ///
-/// The first signal stops accepting connections and lets the requests in
-/// flight finish, for at most `state.drain_timeout` (a client that sends
-/// nothing is not waited for beyond it); a second signal stops at once.
-/// Each step is logged.
+/// The first signal stops accepting connections, closes those with no
+/// request in flight (a client that sends nothing is not waited for) and
+/// lets the requests in flight finish, for at most `state.drain_timeout`; a
+/// second signal stops at once. Each step is logged.
 pub async fn serve(
     state: AppState,
     addr: SocketAddr,
@@ -102,29 +109,27 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     on_ready(listener.local_addr()?);
     let drain = state.drain_timeout;
+    let limits = state.connections.clone();
+    let stop = state.stopping.clone();
     let app = router(Arc::new(state));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let name = stop_signal().await;
-            eprintln!(
-                "{name}: shutting down: no new connections; finishing the requests in flight (at most {} s; a second signal stops at once)",
-                drain.as_secs()
-            );
-            tokio::spawn(async move {
-                tokio::select! {
-                    name = stop_signal() => {
-                        eprintln!("{name} again: stopping now");
-                        std::process::exit(130);
-                    }
-                    _ = tokio::time::sleep(drain) => {
-                        eprintln!("the drain timeout passed with connections still open: stopping now");
-                        std::process::exit(0);
-                    }
-                }
-            });
-        })
-        .await?;
-    eprintln!("every request finished: stopped");
+    let (accepting, open) = connections::spawn_accept_loop(listener, app, limits, stop.subscribe());
+    let name = stop_signal().await;
+    eprintln!(
+        "{name}: shutting down: no new connections; finishing the requests in flight (at most {} s; a second signal stops at once)",
+        drain.as_secs()
+    );
+    let _ = stop.send(true);
+    let _ = accepting.await;
+    tokio::select! {
+        _ = open.all_closed() => eprintln!("every request finished: stopped"),
+        name = stop_signal() => {
+            eprintln!("{name} again: stopping now");
+            std::process::exit(130);
+        }
+        _ = tokio::time::sleep(drain) => {
+            eprintln!("the drain timeout passed with requests still in flight: stopping now");
+        }
+    }
     Ok(())
 }
 

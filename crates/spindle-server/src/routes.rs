@@ -38,14 +38,104 @@ pub fn router(state: Shared) -> Router {
         .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(|| async { Json(health_body()) }))
         .route("/metrics", get(metrics))
         .merge(guarded)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "no such endpoint: see /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /metrics")
         })
+        .layer(middleware::from_fn_with_state(state.clone(), read_request))
         .layer(middleware::map_response(openai_errors))
         .with_state(state)
+}
+
+/// What `/health` answers while the server runs.
+pub(crate) fn health_body() -> Value {
+    json!({"status": "ok"})
+}
+
+/// Header fields a request may carry, and their bytes all together; past
+/// either it is refused with 431.
+const MAX_HEADERS: usize = 100;
+const MAX_HEADER_BYTES: usize = 32 * 1024;
+/// A request body's most bytes (axum's default limit for `Json`).
+const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Checks a request's headers against the limits and reads its body, all of
+/// it within `--body-timeout`, before any handler sees it: a client that
+/// sends its body slowly, or never, gets 408 instead of holding a
+/// connection and a task.
+async fn read_request(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let header_bytes: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request's headers are too large ({} fields, {header_bytes} bytes): at most {MAX_HEADERS} fields and {} KiB",
+                headers.len(),
+                MAX_HEADER_BYTES / 1024
+            ),
+        )
+        .into_response();
+    }
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is over the {} MiB limit",
+                MAX_BODY_BYTES >> 20
+            ),
+        )
+        .into_response()
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return too_large();
+    }
+    let (parts, body) = req.into_parts();
+    let timeout = state.connections.body_timeout;
+    let mut stopping = state.stopping.subscribe();
+    let read = tokio::select! {
+        read = tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)) => read,
+        // A shutdown does not wait on a body that may never come.
+        _ = crate::connections::stopped(&mut stopping) => {
+            return ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")
+            }
+            .into_response();
+        }
+    };
+    match read {
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                timeout.as_secs_f64()
+            ),
+        )
+        .into_response(),
+        Ok(Err(e)) => {
+            if e.into_inner().is::<http_body_util::LengthLimitError>() {
+                too_large()
+            } else {
+                ApiError::bad_request(
+                    "the request body could not be read: the connection closed before it ended",
+                )
+                .into_response()
+            }
+        }
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+    }
 }
 
 /// Errors that axum itself answers (a wrong method, a body over the limit)

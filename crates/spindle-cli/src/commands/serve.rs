@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use spindle_engine::scheduler::{spawn_engine, EngineConfig};
 use spindle_model::KvCache;
+use spindle_server::connections::{connection_capacity, ConnectionLimits};
 use spindle_server::AppState;
 
 use crate::options::{tokenizer, ModelArgs};
@@ -46,6 +47,22 @@ pub struct ServeArgs {
     /// flight before it stops anyway.
     #[arg(long = "drain-timeout", default_value_t = 30)]
     pub drain_timeout: u64,
+    /// Seconds a client has to send a request's headers; slower ones are
+    /// disconnected.
+    #[arg(long = "header-timeout", default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body; slower ones get 408.
+    #[arg(long = "body-timeout", default_value_t = 30)]
+    pub body_timeout: u64,
+    /// Seconds a connection may stay open with no request in flight and
+    /// no bytes moving.
+    #[arg(long = "idle-timeout", default_value_t = 30)]
+    pub idle_timeout: u64,
+    /// Connections served at once; past it /health still answers and other
+    /// requests get 503 (default: 1024, or less when the open-file limit
+    /// leaves less room).
+    #[arg(long = "max-connections")]
+    pub max_connections: Option<usize>,
     /// The model name clients use (default: the file's name without extension).
     #[arg(long = "served-model-name")]
     pub served_model_name: Option<String>,
@@ -262,6 +279,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut state = AppState::new(engine, tok, name.clone(), key);
     state.request_timeout = Duration::from_secs(args.request_timeout.max(1));
     state.drain_timeout = Duration::from_secs(args.drain_timeout);
+    state.connections = ConnectionLimits {
+        header_timeout: Duration::from_secs(args.header_timeout.max(1)),
+        body_timeout: Duration::from_secs(args.body_timeout.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        max_connections: args
+            .max_connections
+            .unwrap_or_else(connection_capacity)
+            .max(1),
+    };
     let addr = SocketAddr::new(args.host, args.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
