@@ -30,6 +30,11 @@ pub struct ModelArgs {
     /// little less exact) or f32 (default: f16, f32 for float32 models).
     #[arg(long = "kv-type")]
     pub kv_type: Option<String>,
+    /// Before loading, dequantize every weight and stop at the first NaN or
+    /// infinity, naming its tensor and block (loading itself checks norms,
+    /// biases and block scales only).
+    #[arg(long = "check-weights")]
+    pub check_weights: bool,
 }
 
 impl ModelArgs {
@@ -63,6 +68,18 @@ impl ModelArgs {
         let path = self.resolve()?;
         if self.ctx.is_some() || self.kv_memory.is_some() {
             self.planned_ctx(&path, None)?;
+        }
+        if self.check_weights {
+            let start = std::time::Instant::now();
+            let c = spindle_model::check_weights(&path)
+                .with_context(|| format!("the weights of {} are not sound", path.display()))?;
+            eprintln!(
+                "checked every weight: {} tensors, {} values ({}) in {:.1} s, all finite",
+                c.tensors,
+                c.values,
+                spindle_plan::human_bytes(c.bytes),
+                start.elapsed().as_secs_f64()
+            );
         }
         spindle_model::load(&path, self.threads())
             .with_context(|| format!("cannot load {}", path.display()))

@@ -265,3 +265,53 @@ fn decide_flags_and_request_files_agree() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("lists the option 'x' twice"));
 }
+
+/// A NaN block scale in a quantized matrix (one of the corrupt
+/// files) is a load error naming the tensor and the block, and
+/// `--check-weights` reports it as well; the sound file passes the scan.
+#[test]
+fn a_corrupt_block_scale_is_refused_at_load_and_by_the_scan() {
+    let Some(m) = model() else { return };
+    let o = spindle(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "--check-weights",
+        "-n",
+        "1",
+        "-p",
+        "Hi",
+    ]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(log.contains("all finite"), "{log}");
+
+    let info = spindle_formats::GgufFile::open(&m).unwrap();
+    let t = info.tensor("blk.2.ffn_gate.weight").unwrap().clone();
+    let ty = t.ty().unwrap();
+    use spindle_formats::GgmlType as T;
+    assert!(
+        matches!(ty, T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q4_K | T::Q5_K),
+        "{ty}: the scale is the block's first two bytes"
+    );
+    let block_bytes = ty.bytes_for(ty.block_len() as u64).unwrap() as usize;
+    let mut bytes = std::fs::read(&m).unwrap();
+    let at = t.offset as usize + 7 * block_bytes;
+    bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes()); // f16 NaN
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("corrupt.gguf");
+    std::fs::write(&bad, &bytes).unwrap();
+    drop(bytes);
+    for extra in [&[][..], &["--check-weights"][..]] {
+        let o = Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .args(["run", "-m", bad.to_str().unwrap(), "-n", "1", "-p", "Hi"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{extra:?}: the corrupt file ran");
+        assert!(
+            err.contains("blk.2.ffn_gate.weight") && err.contains("block 7"),
+            "{extra:?}: {err}"
+        );
+    }
+}

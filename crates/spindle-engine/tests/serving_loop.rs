@@ -324,3 +324,58 @@ fn a_full_queue_refuses_and_tenants_take_turns() {
     // First come, first served: small waits for all of big's.
     assert_eq!(behind(false), 0);
 }
+
+/// A NaN in a weight matrix (which loading does not scan) makes the pass
+/// non-finite: each request ends with an internal error that says so,
+/// counted in its own metric, instead of tokens chosen from NaN; the
+/// engine goes on answering. Plain `generate` stops with the error too.
+#[test]
+fn a_pass_with_non_finite_values_fails_its_requests_with_the_reason() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../spindle-model/tests/fixtures/tiny/llama/model.gguf");
+    let info = spindle_formats::GgufFile::open(&src).unwrap();
+    let t = info.tensor("blk.0.ffn_down.weight").unwrap().clone();
+    assert_eq!(t.type_id, 0, "an F32 matrix");
+    let mut bytes = std::fs::read(&src).unwrap();
+    let at = t.offset as usize + 4 * 5;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+
+    let m = spindle_model::load(&path, 2).expect("only the full scan reads matrices");
+    let mut kv = m.model.new_kv_cache(m.model.default_kv_type(), 128, 1);
+    let req = GenerateRequest {
+        prompt: prompt(0),
+        max_tokens: 4,
+        sampler: sampler(0),
+        stop_ids: Vec::new(),
+        constraint: None,
+    };
+    let e = generate(&m.model, &mut kv, &req, |_| true).unwrap_err();
+    assert!(e.to_string().contains("NaN or infinite"), "{e}");
+
+    let kv = m.model.new_kv_cache(m.model.default_kv_type(), 128, 2);
+    let e = spawn_engine(m.model, kv, EngineConfig::default());
+    for round in 0..2 {
+        let mut rxs: Vec<_> = (0..2).map(|i| submit(&e, i, 8, "t")).collect();
+        for rx in &mut rxs {
+            match rx.blocking_recv().expect("the engine answers") {
+                Event::Error(err) => {
+                    assert_eq!(err.kind, ErrorKind::Internal, "round {round}");
+                    assert!(err.message.contains("NaN or infinite"), "{err}");
+                }
+                other => panic!("round {round}: expected an error, got {other:?}"),
+            }
+        }
+    }
+    let counted = |name: &str| {
+        let text = e.metrics.render("m");
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+    };
+    assert_eq!(counted("spindle:request_failed_non_finite_total"), 4.0);
+    assert_eq!(counted("spindle:request_failed_total"), 4.0);
+}

@@ -17,5 +17,6 @@ pub mod threadpool;
 pub use error::KernelError;
 pub use matmul::{matmul, WeightView};
 pub use quant::dequantize;
+pub use quant::finite::{first_bad_scale, first_non_finite};
 pub use spindle_formats::GgmlType;
 pub use threadpool::ThreadPool;

@@ -29,6 +29,21 @@ pub enum ModelError {
         index: usize,
         value: f32,
     },
+    #[error("tensor '{name}' has the scale {value} in block {block}: the weights are corrupt; fetch the model again")]
+    NonFiniteScale {
+        name: String,
+        block: usize,
+        value: f32,
+    },
+    #[error("tensor '{name}' holds {value} at element {index} (block {block}): the weights are corrupt; fetch the model again")]
+    NonFiniteWeight {
+        name: String,
+        index: usize,
+        block: usize,
+        value: f32,
+    },
+    #[error("the pass produced NaN or infinite values (batch row {row}): the weights are likely corrupt; check them with --check-weights")]
+    NonFiniteActivations { row: usize },
     #[error("{0}")]
     InvalidBatch(String),
     #[error("sequence {seq} would reach {len} tokens, past the context of {ctx}: shorten the prompt or raise --ctx")]

@@ -20,4 +20,4 @@ pub use config::ModelConfig;
 pub use error::ModelError;
 pub use forward::{Hidden, Logits, Model};
 pub use kv_cache::{BlockUsage, KvCache, KvLayout, KvType, BLOCK};
-pub use loader::{load, load_tokenizer, LoadedModel};
+pub use loader::{check_weights, load, load_tokenizer, LoadedModel, WeightsCheck};

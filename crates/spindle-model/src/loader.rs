@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use spindle_formats::{FormatError, GgufFile, SafetensorsModel};
+use spindle_formats::{FormatError, GgmlType, GgufFile, SafetensorsModel, TensorBytes};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -57,6 +57,60 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
                 .map_or_else(|| file_name(path), str::to_string),
         })
     })
+}
+
+/// What [`check_weights`] scanned.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightsCheck {
+    pub tensors: usize,
+    pub values: u64,
+    pub bytes: u64,
+}
+
+/// Dequantizes every value of every tensor of the model at `path` and
+/// errors at the first NaN or infinity, naming the tensor, the element and
+/// its block. Loading checks only what is cheap (norms, biases, block
+/// scales); this reads everything.
+pub fn check_weights(path: &Path) -> Result<WeightsCheck, ModelError> {
+    check_exists(path)?;
+    let mut tensors: Vec<(String, GgmlType, usize, TensorBytes)> = Vec::new();
+    let (gguf, st);
+    if path.is_dir() {
+        st = open_hf_dir(path)?;
+        for t in st.tensors() {
+            tensors.push((
+                t.name.clone(),
+                t.ty,
+                t.shape.iter().product(),
+                t.bytes.clone(),
+            ));
+        }
+    } else {
+        gguf = GgufFile::open(path)?;
+        for t in gguf.tensors() {
+            let n = t.dims.iter().product::<u64>() as usize;
+            tensors.push((t.name.clone(), t.ty()?, n, gguf.tensor_bytes(t)));
+        }
+    }
+    let mut check = WeightsCheck {
+        tensors: 0,
+        values: 0,
+        bytes: 0,
+    };
+    for (name, ty, n, bytes) in &tensors {
+        if let Some((index, value)) = spindle_kernels::first_non_finite(*ty, bytes, *n)? {
+            return Err(ModelError::NonFiniteWeight {
+                name: name.clone(),
+                index,
+                block: index / ty.block_len(),
+                value,
+            });
+        }
+        check.tensors += 1;
+        check.values += *n as u64;
+        check.bytes += bytes.len() as u64;
+    }
+    Ok(check)
 }
 
 /// Only the tokenizer of the model at `path` (no weights are read).

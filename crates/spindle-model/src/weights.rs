@@ -141,6 +141,15 @@ impl TensorSource<'_> {
                 want: vec![rows, cols],
             });
         }
+        // Two bytes a block: cheap beside the load's own copy of the file,
+        // and a corrupt scale would make every logit it touches NaN.
+        if let Some((block, value)) = spindle_kernels::first_bad_scale(raw.ty, &raw.data) {
+            return Err(ModelError::NonFiniteScale {
+                name: name.into(),
+                block,
+                value,
+            });
+        }
         Ok(Some(Matrix {
             name: name.into(),
             ty: raw.ty,

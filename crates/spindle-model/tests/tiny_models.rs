@@ -117,3 +117,31 @@ fn non_finite_norms_are_a_load_error() {
         );
     }
 }
+
+/// A NaN in a weight matrix is not read at load (that would read every
+/// weight), but the full scan finds it and names the tensor and element.
+#[test]
+fn the_full_weight_scan_names_a_non_finite_value() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny/llama/model.gguf");
+    let whole = spindle_model::check_weights(&src).expect("the fixture is sound");
+    let info = spindle_formats::GgufFile::open(&src).unwrap();
+    assert_eq!(whole.tensors, info.tensors().len());
+    let t = info.tensor("blk.1.attn_q.weight").unwrap().clone();
+    assert_eq!(t.type_id, 0, "an F32 matrix");
+    let mut bytes = std::fs::read(&src).unwrap();
+    let k = 77usize;
+    let at = t.offset as usize + 4 * k;
+    bytes[at..at + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let e = spindle_model::check_weights(&path)
+        .err()
+        .expect("the scan finds it")
+        .to_string();
+    assert!(
+        e.contains("blk.1.attn_q.weight") && e.contains(&format!("element {k}")),
+        "{e}"
+    );
+}

@@ -70,6 +70,8 @@ pub struct Metrics {
     pub requests_cancelled: AtomicU64,
     /// Requests ended by an error of the engine.
     pub requests_failed: AtomicU64,
+    /// Requests failed because a pass gave them NaN or infinite values.
+    pub non_finite: AtomicU64,
     pub spec_drafted: AtomicU64,
     pub spec_accepted: AtomicU64,
     pub passes: AtomicU64,
@@ -185,7 +187,7 @@ impl Metrics {
             get(&self.kv_block_tokens),
             get(&self.kv_blocks)
         );
-        let counters: [(&str, &str, &AtomicU64); 10] = [
+        let counters: [(&str, &str, &AtomicU64); 11] = [
             (
                 "spindle:prefix_cache_queries_total",
                 "Prompt tokens looked up in the prefix cache.",
@@ -215,6 +217,11 @@ impl Metrics {
                 "spindle:request_failed_total",
                 "Requests ended by an error of the engine.",
                 &self.requests_failed,
+            ),
+            (
+                "spindle:request_failed_non_finite_total",
+                "Requests ended because a pass gave them NaN or infinite values (corrupt weights?).",
+                &self.non_finite,
             ),
             (
                 "spindle:spec_decode_num_draft_tokens_total",

@@ -66,6 +66,16 @@ impl EngineLoop {
         };
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         for p in parts {
+            // NaN or infinity (corrupt weights, say) would choose tokens at
+            // random: the request ends with the reason instead.
+            if p.rows
+                .clone()
+                .any(|row| !logits.hidden().row_is_finite(row))
+            {
+                self.metrics.non_finite.fetch_add(1, Ordering::Relaxed);
+                self.fail(p.running, RequestError::internal("the model produced NaN or infinite values for this request: its weights are likely corrupt (check them with --check-weights)"));
+                continue;
+            }
             if let Err(e) = self.finish_part(&p, &mut logits) {
                 self.fail(p.running, RequestError::internal(e.to_string()));
             }
@@ -82,10 +92,11 @@ impl EngineLoop {
 
     /// Ends running sequence `i` with `e`.
     fn fail(&mut self, i: usize, e: RequestError) {
+        // Counted first, so a client that sees the error sees it counted.
+        self.metrics.requests_failed.fetch_add(1, Ordering::Relaxed);
         let r = &mut self.running[i];
         let _ = r.req.events.send(Event::Error(e));
         r.phase = Phase::Finished;
-        self.metrics.requests_failed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Each decoding sequence's pending token, with the tree its drafter

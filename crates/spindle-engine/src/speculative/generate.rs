@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use spindle_model::{Batch, KvCache, Model, SeqId};
+use spindle_model::{Batch, KvCache, Model, ModelError, SeqId};
 
 use super::draft_step::{draft_depth, draft_tree};
 use super::drafter::Drafter;
@@ -118,6 +118,9 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             let threads = self.model.n_threads();
             let hidden =
                 prepare_during(threads, preparing, || self.model.forward_hidden(&batch, kv))?;
+            if let Some(row) = hidden.first_non_finite_row() {
+                return Err(ModelError::NonFiniteActivations { row }.into());
+            }
             let mut logits = LazyLogits::new(hidden);
             stats.passes += 1;
             stats.decode_passes += 1;

@@ -113,6 +113,11 @@ impl LazyLogits {
         }
     }
 
+    /// The pass's hidden states.
+    pub fn hidden(&self) -> &Hidden {
+        &self.hidden
+    }
+
     fn find(&self, row: usize) -> Option<usize> {
         self.computed.iter().position(|l| l.rows.contains(&row))
     }

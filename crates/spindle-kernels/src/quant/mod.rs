@@ -8,6 +8,7 @@
 //! integers per block; see `crate::simd` for the fixed float reduction order
 //! every path shares.
 
+pub mod finite;
 pub mod float;
 pub mod q4_0;
 pub mod q4_k;

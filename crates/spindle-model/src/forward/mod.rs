@@ -96,6 +96,29 @@ impl Hidden {
         let i = self.rows.iter().position(|&r| r == row)?;
         Some(&self.data[i * self.n_embd..(i + 1) * self.n_embd])
     }
+
+    /// Whether batch row `row`'s hidden state is free of NaN and infinity
+    /// (true for a row without one). Corrupt weights, or values past f32's
+    /// range, make it NaN, and its logits would be meaningless: checking
+    /// `n_embd` values here costs nothing beside the head's `vocab`.
+    pub fn row_is_finite(&self, row: usize) -> bool {
+        self.row(row).is_none_or(all_finite)
+    }
+
+    /// The first batch row whose hidden state has a NaN or an infinity.
+    pub fn first_non_finite_row(&self) -> Option<usize> {
+        self.rows
+            .iter()
+            .zip(self.data.chunks_exact(self.n_embd.max(1)))
+            .find(|(_, h)| !all_finite(h))
+            .map(|(&r, _)| r)
+    }
+}
+
+/// Whether every value is finite: `v - v` is 0 for a finite value and NaN
+/// otherwise, so one sum tells (and vectorises).
+fn all_finite(values: &[f32]) -> bool {
+    values.iter().map(|&v| v - v).sum::<f32>() == 0.0
 }
 
 /// Per-row facts of a validated batch.
@@ -286,6 +309,9 @@ impl Model {
     /// asked for them.
     pub fn forward(&self, batch: &Batch, kv: &mut KvCache) -> Result<Logits, ModelError> {
         let hidden = self.forward_hidden(batch, kv)?;
+        if let Some(row) = hidden.first_non_finite_row() {
+            return Err(ModelError::NonFiniteActivations { row });
+        }
         self.logits(&hidden, &hidden.rows)
     }
 
