@@ -137,8 +137,7 @@ fn the_full_weight_scan_names_a_non_finite_value() {
     let path = dir.path().join("model.gguf");
     std::fs::write(&path, &bytes).unwrap();
     let e = spindle_model::check_weights(&path)
-        .err()
-        .expect("the scan finds it")
+        .expect_err("the scan finds it")
         .to_string();
     assert!(
         e.contains("blk.1.attn_q.weight") && e.contains(&format!("element {k}")),
