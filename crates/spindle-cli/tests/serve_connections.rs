@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,16 +28,7 @@ fn serve_with_256_files(model: &std::path::Path, args: &[&str]) -> (Child, Strin
         .stderr(Stdio::null())
         .spawn()
         .expect("spindle serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_string();
-    assert!(!addr.is_empty(), "the server did not start");
+    let addr = common::serve_addr(&mut child);
     (child, addr)
 }
 

@@ -32,15 +32,7 @@ fn sigterm_drains_streams_and_does_not_wait_on_silent_clients() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spindle serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_string();
+    let addr = common::serve_addr(&mut child);
     // A stream in flight.
     let body = r#"{"model": "gemma-3-270m-q4_k_m", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "ignore_eos": true, "stream": true}"#;
     let mut stream = TcpStream::connect(&addr).unwrap();

@@ -1,6 +1,8 @@
 //! Shared by the CLI tests on the real default model (included with `mod`).
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::process::Child;
 
 /// The real default model, or `None` (with a note) when it has not been
 /// pulled; with `SPINDLE_REQUIRE_MODEL=1` (CI) a missing model fails.
@@ -21,4 +23,21 @@ pub fn real_model() -> Option<PathBuf> {
     );
     eprintln!("skipping: {} not found (run `spindle pull`)", p.display());
     None
+}
+
+/// The `host:port` a `spindle serve` child listens on, from the URL it
+/// prints on stdout (piped) once it is ready.
+#[allow(dead_code)]
+pub fn serve_addr(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout is piped"))
+        .read_line(&mut line)
+        .expect("the server prints its URL");
+    let addr = line
+        .trim()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    assert!(!addr.is_empty(), "the server did not start");
+    addr
 }
