@@ -37,3 +37,11 @@ if frac:
     print()
     print(f"spindle decode moves {frac * 100:.0f}% of the measured bandwidth "
           f"({spindle['bytes_per_decode_pass'] / 1e6:.1f} MB of weights per pass)")
+for peak in spindle.get("int8_mac_peaks", []):
+    print(f"int8 multiply-accumulate peak, {peak['path']} ({peak['instructions']}): "
+          f"{peak['macs_per_s_one_thread'] / 1e9:.1f} GMAC/s on 1 thread, "
+          f"{peak['macs_per_s'] / 1e9:.1f} on {peak['threads']}")
+pf = spindle.get("prompt_peak_fraction")
+if pf:
+    print(f"spindle's prompt pass reaches {pf * 100:.0f}% of its path's int8 peak "
+          f"({spindle['prompt_macs_per_token'] / 1e6:.1f} M multiply-accumulates per token)")

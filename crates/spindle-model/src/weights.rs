@@ -277,6 +277,20 @@ impl Weights {
     }
 
     /// Bytes of every matrix read once per decode pass (the output head once).
+    /// Weights in the layers' matrices (not the embedding or the head):
+    /// one multiply-accumulate each per prompt token.
+    pub fn layer_matrix_values(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|m| m.rows * m.cols)
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     pub fn matrix_bytes(&self) -> usize {
         let per_layer: usize = self
             .layers

@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use spindle_engine::bench::{time_decode, time_prefill, time_rows, Summary};
+use spindle_kernels::int8_peak::int8_mac_peaks;
 use spindle_kernels::membw::read_bandwidth;
 use spindle_kernels::ThreadPool;
 
@@ -70,6 +71,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut kv = model.new_kv_cache(model.default_kv_type(), max_len, 1);
 
     let bandwidth = read_bandwidth(&ThreadPool::new(threads), 1 << 30, 3);
+    let peaks = int8_mac_peaks(threads, 0.3);
     let w = &model.weights;
     let bytes_per_pass = w.matrix_bytes() + w.embed.data.len() / w.embed.rows.max(1);
 
@@ -123,6 +125,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let fraction = tg
         .as_ref()
         .map(|t| t.median * bytes_per_pass as f64 / bandwidth);
+    // The layers' matrices are one int8 multiply-accumulate per weight per
+    // prompt token (the head runs for the last token only; attention is
+    // float and not counted).
+    let macs_per_token = model.weights.layer_matrix_values() as f64;
+    let pp_macs = pp.as_ref().map(|s| s.median * macs_per_token);
+    let path_peak = peaks
+        .iter()
+        .find(|p| p.path == model.isa().name())
+        .map(|p| p.all_threads);
+    let best_peak = peaks.iter().map(|p| p.all_threads).fold(0.0, f64::max);
 
     if args.json {
         let stat = |s: &Summary| json!({"mean": s.mean, "sd": s.sd, "median": s.median});
@@ -137,6 +149,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "bytes_per_decode_pass": bytes_per_pass,
             "memory_bandwidth_bytes_per_s": bandwidth,
             "bandwidth_fraction": fraction,
+            "int8_mac_peaks": peaks.iter().map(|p| json!({
+                "path": p.path,
+                "instructions": p.instructions,
+                "macs_per_s_one_thread": p.one_thread,
+                "macs_per_s": p.all_threads,
+                "threads": p.threads,
+            })).collect::<Vec<_>>(),
+            "prompt_macs_per_token": macs_per_token,
+            "prompt_peak_fraction": pp_macs.zip(path_peak).map(|(m, p)| m / p),
+            "prompt_best_peak_fraction": pp_macs.map(|m| m / best_peak),
             "prompt_pass_ops_s": ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "decode_pass_ops_s": decode_ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "rows": curve.iter().map(|(r, s)| json!({
@@ -159,6 +181,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "memory read bandwidth (1 GiB, {threads} threads): {:.1} GB/s",
         bandwidth / 1e9
     );
+    println!();
+    println!("int8 multiply-accumulate peak (register-only loop, best of 3):");
+    println!("| path | instructions | GMAC/s 1 thread | GMAC/s {threads} threads |");
+    println!("|---|---|---|---|");
+    for p in &peaks {
+        println!(
+            "| {} | {} | {:.1} | {:.1} |",
+            p.path,
+            p.instructions,
+            p.one_thread / 1e9,
+            p.all_threads / 1e9
+        );
+    }
     println!();
     println!("| test | tokens/s mean | sd | median |");
     println!("|---|---|---|---|");
@@ -183,6 +218,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
             s.median * bytes_per_pass as f64 / 1e9,
             f * 100.0,
             bandwidth / bytes_per_pass as f64
+        );
+    }
+    if let Some(m) = pp_macs {
+        println!();
+        println!(
+            "prompt pass: {:.1} M int8 multiply-accumulates per token in the layers' matrices: pp{} runs {:.1} GMAC/s = {} of the {} peak, {:.0}% of the best path's",
+            macs_per_token / 1e6,
+            args.prompt,
+            m / 1e9,
+            path_peak.map_or_else(|| "?".into(), |p| format!("{:.0}%", m / p * 100.0)),
+            model.isa().name(),
+            m / best_peak * 100.0
         );
     }
     let print_ops = |title: String, ops: &[(&str, f64, usize)]| {
