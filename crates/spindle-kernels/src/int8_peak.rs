@@ -159,98 +159,88 @@ mod x86 {
         iterations * 6 * 32
     }
 
-    /// Ten chains of VEX `vpdpbusd ymm` (32 u8 x i8 products accumulated
-    /// into i32 in one instruction): 320 per iteration.
-    pub(super) fn avxvnni_loop(iterations: u64) -> u64 {
-        if iterations == 0 {
-            return 0;
-        }
-        // SAFETY: the caller listed this loop only where the CPU has
-        // AVX-VNNI. Only the named registers are touched, and no memory.
-        unsafe {
-            asm!(
-                "vpcmpeqb ymm0, ymm0, ymm0",
-                "vpabsb ymm1, ymm0",
-                "vpxor ymm2, ymm2, ymm2",
-                "vpxor ymm3, ymm3, ymm3",
-                "vpxor ymm4, ymm4, ymm4",
-                "vpxor ymm5, ymm5, ymm5",
-                "vpxor ymm6, ymm6, ymm6",
-                "vpxor ymm7, ymm7, ymm7",
-                "vpxor ymm8, ymm8, ymm8",
-                "vpxor ymm9, ymm9, ymm9",
-                "vpxor ymm10, ymm10, ymm10",
-                "vpxor ymm11, ymm11, ymm11",
-                "2:",
-                "{{vex}} vpdpbusd ymm2, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm3, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm4, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm5, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm6, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm7, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm8, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm9, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm10, ymm0, ymm1",
-                "{{vex}} vpdpbusd ymm11, ymm0, ymm1",
-                "dec {n}",
-                "jnz 2b",
-                "vzeroupper",
-                n = inout(reg) iterations => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-                options(nostack, nomem),
-            );
-        }
-        iterations * 10 * 32
+    /// A loop of ten independent chains of `vpdpbusd` on registers
+    /// `$r` (`ymm` or `zmm`; `$prefix` selects the VEX encoding), after
+    /// `$setup` fills registers 0 and 1 and clears the ten accumulators:
+    /// `$lanes` u8 x i8 products accumulated into i32 per instruction.
+    macro_rules! vpdpbusd_loop {
+        ($(#[$doc:meta])* $name:ident, $r:literal, $prefix:literal, $setup:literal, $lanes:literal) => {
+            $(#[$doc])*
+            pub(super) fn $name(iterations: u64) -> u64 {
+                if iterations == 0 {
+                    return 0;
+                }
+                // SAFETY: the caller listed this loop only where the CPU has
+                // the instructions. Only the named registers are touched
+                // (clobbered as zmm, which covers ymm), and no memory.
+                unsafe {
+                    asm!(
+                        $setup,
+                        "2:",
+                        concat!($prefix, "vpdpbusd ", $r, "2, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "3, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "4, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "5, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "6, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "7, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "8, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "9, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "10, ", $r, "0, ", $r, "1"),
+                        concat!($prefix, "vpdpbusd ", $r, "11, ", $r, "0, ", $r, "1"),
+                        "dec {n}",
+                        "jnz 2b",
+                        "vzeroupper",
+                        n = inout(reg) iterations => _,
+                        out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                        out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                        out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                        options(nostack, nomem),
+                    );
+                }
+                iterations * 10 * $lanes
+            }
+        };
     }
 
-    /// Ten chains of `vpdpbusd zmm` (64 u8 x i8 products accumulated into
-    /// i32): 640 per iteration.
-    pub(super) fn avx512vnni_loop(iterations: u64) -> u64 {
-        if iterations == 0 {
-            return 0;
-        }
-        // SAFETY: the caller listed this loop only where the CPU has
-        // AVX-512F and AVX-512 VNNI. Only the named registers are touched,
-        // and no memory.
-        unsafe {
-            asm!(
-                "vpternlogd zmm0, zmm0, zmm0, 0xff",
-                "vpternlogd zmm1, zmm1, zmm1, 0xff",
-                "vpxord zmm2, zmm2, zmm2",
-                "vpxord zmm3, zmm3, zmm3",
-                "vpxord zmm4, zmm4, zmm4",
-                "vpxord zmm5, zmm5, zmm5",
-                "vpxord zmm6, zmm6, zmm6",
-                "vpxord zmm7, zmm7, zmm7",
-                "vpxord zmm8, zmm8, zmm8",
-                "vpxord zmm9, zmm9, zmm9",
-                "vpxord zmm10, zmm10, zmm10",
-                "vpxord zmm11, zmm11, zmm11",
-                "2:",
-                "vpdpbusd zmm2, zmm0, zmm1",
-                "vpdpbusd zmm3, zmm0, zmm1",
-                "vpdpbusd zmm4, zmm0, zmm1",
-                "vpdpbusd zmm5, zmm0, zmm1",
-                "vpdpbusd zmm6, zmm0, zmm1",
-                "vpdpbusd zmm7, zmm0, zmm1",
-                "vpdpbusd zmm8, zmm0, zmm1",
-                "vpdpbusd zmm9, zmm0, zmm1",
-                "vpdpbusd zmm10, zmm0, zmm1",
-                "vpdpbusd zmm11, zmm0, zmm1",
-                "dec {n}",
-                "jnz 2b",
-                "vzeroupper",
-                n = inout(reg) iterations => _,
-                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
-                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
-                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                options(nostack, nomem),
-            );
-        }
-        iterations * 10 * 64
-    }
+    vpdpbusd_loop!(
+        /// VEX `vpdpbusd ymm` (AVX-VNNI): 320 per iteration.
+        avxvnni_loop,
+        "ymm",
+        "{{vex}} ",
+        "vpcmpeqb ymm0, ymm0, ymm0
+         vpabsb ymm1, ymm0
+         vpxor ymm2, ymm2, ymm2
+         vpxor ymm3, ymm3, ymm3
+         vpxor ymm4, ymm4, ymm4
+         vpxor ymm5, ymm5, ymm5
+         vpxor ymm6, ymm6, ymm6
+         vpxor ymm7, ymm7, ymm7
+         vpxor ymm8, ymm8, ymm8
+         vpxor ymm9, ymm9, ymm9
+         vpxor ymm10, ymm10, ymm10
+         vpxor ymm11, ymm11, ymm11",
+        32
+    );
+
+    vpdpbusd_loop!(
+        /// `vpdpbusd zmm` (AVX-512 VNNI): 640 per iteration.
+        avx512vnni_loop,
+        "zmm",
+        "",
+        "vpternlogd zmm0, zmm0, zmm0, 0xff
+         vpternlogd zmm1, zmm1, zmm1, 0xff
+         vpxord zmm2, zmm2, zmm2
+         vpxord zmm3, zmm3, zmm3
+         vpxord zmm4, zmm4, zmm4
+         vpxord zmm5, zmm5, zmm5
+         vpxord zmm6, zmm6, zmm6
+         vpxord zmm7, zmm7, zmm7
+         vpxord zmm8, zmm8, zmm8
+         vpxord zmm9, zmm9, zmm9
+         vpxord zmm10, zmm10, zmm10
+         vpxord zmm11, zmm11, zmm11",
+        64
+    );
 }
 
 #[cfg(test)]
