@@ -18,6 +18,7 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -28,6 +29,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::Router;
+use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -296,9 +298,16 @@ impl Server {
                     let resp = if shedding && req.uri().path() != "/health" {
                         busy(max_connections).into_response()
                     } else {
-                        match app.oneshot(req).await {
-                            Ok(r) => r,
-                            Err(never) => match never {},
+                        // A handler that panics (a bug) answers 500 with a
+                        // JSON body instead of resetting the connection.
+                        match AssertUnwindSafe(app.oneshot(req)).catch_unwind().await {
+                            Ok(Ok(r)) => r,
+                            Ok(Err(never)) => match never {},
+                            Err(_) => ApiError::new(
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                "the server failed while handling this request (a bug: please report it)",
+                            )
+                            .into_response(),
                         }
                     };
                     Ok::<_, Infallible>(resp.map(|inner| GuardedBody {
@@ -553,4 +562,59 @@ fn busy_bytes(max_connections: usize) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// A handler that panics answers a JSON 500, and the server goes on
+    /// serving the next request.
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_the_server_goes_on() {
+        let app = Router::new()
+            .route(
+                "/boom",
+                get(|| async {
+                    if std::hint::black_box(true) {
+                        panic!("a bug");
+                    }
+                    "unreachable"
+                }),
+            )
+            .route("/health", get(|| async { "ok" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let (accepting, open) =
+            spawn_accept_loop(listener, app, ConnectionLimits::default(), stopped);
+        let r = exchange(
+            addr,
+            "GET /boom HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 500"), "{r}");
+        assert!(r.contains("\"code\":500"), "{r}");
+        let r = exchange(
+            addr,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        stop.send(true).unwrap();
+        accepting.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), open.all_closed())
+            .await
+            .expect("every connection closes once the server stops");
+    }
 }
