@@ -11,10 +11,20 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A server child, killed when the test ends, failed or not.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `spindle serve` on the real model with `args`, under an open-file
 /// limit of 256 (soft and hard, so the server cannot raise it); returns
 /// the child and its `host:port`.
-fn serve_with_256_files(model: &std::path::Path, args: &[&str]) -> (Child, String) {
+fn serve_with_256_files(model: &std::path::Path, args: &[&str]) -> (Served, String) {
     let mut child = Command::new("sh")
         .arg("-c")
         .arg("ulimit -n 256 && exec \"$@\"")
@@ -29,7 +39,7 @@ fn serve_with_256_files(model: &std::path::Path, args: &[&str]) -> (Child, Strin
         .spawn()
         .expect("spindle serve starts");
     let addr = common::serve_addr(&mut child);
-    (child, addr)
+    (Served(child), addr)
 }
 
 /// Sends `request` on a new connection and reads the whole answer (the
@@ -82,7 +92,7 @@ fn slow_idle_and_oversized_clients_are_cut_off_and_health_keeps_answering() {
     let Some(model) = common::real_model() else {
         return;
     };
-    let (mut child, addr) = serve_with_256_files(
+    let (_child, addr) = serve_with_256_files(
         &model,
         &[
             "--header-timeout",
@@ -146,9 +156,6 @@ fn slow_idle_and_oversized_clients_are_cut_off_and_health_keeps_answering() {
     big.extend(b"\r\n\r\n");
     let (status, text) = exchange(&addr, &big);
     assert_eq!((status, error_code(&text)), (431, 431), "{text}");
-
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]
@@ -157,7 +164,7 @@ fn more_idle_connections_than_file_descriptors_leave_health_answering() {
         return;
     };
     // The default limits: idle connections are held 10 s and more.
-    let (mut child, addr) = serve_with_256_files(&model, &[]);
+    let (_child, addr) = serve_with_256_files(&model, &[]);
     let mut crowd = Vec::new();
     for _ in 0..400 {
         match TcpStream::connect(&addr) {
@@ -195,8 +202,6 @@ fn more_idle_connections_than_file_descriptors_leave_health_answering() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]
@@ -204,7 +209,7 @@ fn past_the_cap_of_busy_connections_health_answers_and_the_rest_get_503() {
     let Some(model) = common::real_model() else {
         return;
     };
-    let (mut child, addr) = serve_with_256_files(&model, &["--max-connections", "4"]);
+    let (_child, addr) = serve_with_256_files(&model, &["--max-connections", "4"]);
     // Four connections with a request in flight (bodies still coming):
     // none is idle, none can be closed to make room.
     let mut busy = Vec::new();
@@ -229,6 +234,4 @@ fn past_the_cap_of_busy_connections_health_answers_and_the_rest_get_503() {
         "{text}"
     );
     drop(busy);
-    let _ = child.kill();
-    let _ = child.wait();
 }
