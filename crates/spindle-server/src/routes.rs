@@ -92,17 +92,18 @@ async fn read_request(State(state): State<Shared>, req: Request, next: Next) -> 
         )
         .into_response()
     };
-    let declared = headers
+    // A body declared too large is not kept, only read past (see
+    // `read_body`).
+    let declared_too_large = headers
         .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return too_large();
-    }
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_BODY_BYTES as u64);
+    let keep = (!declared_too_large).then_some(MAX_BODY_BYTES);
     let (parts, body) = req.into_parts();
     let timeout = state.connections.body_timeout;
     let mut stopping = state.stopping.subscribe();
     let read = tokio::select! {
-        read = tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)) => read,
+        read = tokio::time::timeout(timeout, read_body(body, keep)) => read,
         // A shutdown does not wait on a body that may never come.
         _ = crate::connections::stopped(&mut stopping) => {
             return ApiError {
@@ -113,6 +114,7 @@ async fn read_request(State(state): State<Shared>, req: Request, next: Next) -> 
         }
     };
     match read {
+        Err(_) if declared_too_large => too_large(),
         Err(_) => ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             format!(
@@ -121,21 +123,57 @@ async fn read_request(State(state): State<Shared>, req: Request, next: Next) -> 
             ),
         )
         .into_response(),
-        Ok(Err(e)) => {
-            if e.into_inner().is::<http_body_util::LengthLimitError>() {
-                too_large()
-            } else {
-                ApiError::bad_request(
-                    "the request body could not be read: the connection closed before it ended",
-                )
-                .into_response()
-            }
-        }
-        Ok(Ok(bytes)) => {
+        Ok(BodyRead::TooLarge) => too_large(),
+        Ok(BodyRead::Broken) => ApiError::bad_request(
+            "the request body could not be read: the connection closed before it ended",
+        )
+        .into_response(),
+        Ok(BodyRead::Whole(bytes)) => {
             next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
                 .await
         }
     }
+}
+
+/// A body read past its limit is still read, up to this many bytes, and
+/// dropped: a client still sending gets to read the 413 rather than a
+/// reset connection.
+const MAX_BODY_DRAINED: usize = 16 * 1024 * 1024;
+
+enum BodyRead {
+    Whole(Bytes),
+    TooLarge,
+    Broken,
+}
+
+/// Reads `body`, keeping at most `keep` bytes; a longer body (any body
+/// when `keep` is `None`) is read on, to [`MAX_BODY_DRAINED`], and
+/// reported too large.
+async fn read_body(mut body: axum::body::Body, keep: Option<usize>) -> BodyRead {
+    let limit = keep.unwrap_or(0);
+    use http_body_util::BodyExt;
+    let mut kept = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return BodyRead::Broken;
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len();
+        if keep.is_some() && seen <= limit {
+            kept.extend_from_slice(&data);
+        } else if seen > MAX_BODY_DRAINED {
+            return BodyRead::TooLarge;
+        } else {
+            kept = Vec::new();
+        }
+    }
+    if keep.is_none() || seen > limit {
+        return BodyRead::TooLarge;
+    }
+    BodyRead::Whole(Bytes::from(kept))
 }
 
 /// Errors that axum itself answers (a wrong method, a body over the limit)
