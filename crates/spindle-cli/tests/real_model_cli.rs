@@ -293,7 +293,7 @@ fn a_corrupt_block_scale_is_refused_at_load_and_by_the_scan() {
         matches!(ty, T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q4_K | T::Q5_K),
         "{ty}: the scale is the block's first two bytes"
     );
-    let block_bytes = ty.bytes_for(ty.block_len() as u64).unwrap() as usize;
+    let block_bytes = ty.block_bytes();
     let mut bytes = std::fs::read(&m).unwrap();
     let at = t.offset as usize + 7 * block_bytes;
     bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes()); // f16 NaN

@@ -26,8 +26,7 @@ pub fn first_bad_scale(ty: GgmlType, src: &[u8]) -> Option<(usize, f32)> {
     if offsets.is_empty() {
         return None;
     }
-    let block_bytes = ty.bytes_for(ty.block_len() as u64)? as usize;
-    src.chunks_exact(block_bytes)
+    src.chunks_exact(ty.block_bytes())
         .enumerate()
         .find_map(|(block, bytes)| {
             offsets.iter().find_map(|&o| {
@@ -54,11 +53,10 @@ pub fn first_non_finite(
         ));
     }
     // A thousand blocks at a time, so the scan needs little memory.
-    let block_bytes = expected / (n / ty.block_len()).max(1);
     let per_chunk = ty.block_len() * 1024;
     let mut values = vec![0.0f32; per_chunk];
-    for (c, bytes) in src.chunks(block_bytes.max(1) * 1024).enumerate() {
-        let len = bytes.len() / block_bytes.max(1) * ty.block_len();
+    for (c, bytes) in src.chunks(ty.block_bytes() * 1024).enumerate() {
+        let len = bytes.len() / ty.block_bytes() * ty.block_len();
         dequantize(ty, bytes, &mut values[..len])?;
         if let Some(i) = values[..len].iter().position(|v| !v.is_finite()) {
             return Ok(Some((c * per_chunk + i, values[i])));
@@ -71,10 +69,6 @@ pub fn first_non_finite(
 mod tests {
     use super::*;
 
-    fn block_bytes(ty: GgmlType) -> usize {
-        ty.bytes_for(ty.block_len() as u64).unwrap() as usize
-    }
-
     #[test]
     fn a_nan_or_infinite_scale_is_found_in_its_block() {
         for ty in [
@@ -85,7 +79,7 @@ mod tests {
             GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
-            let bb = block_bytes(ty);
+            let bb = ty.block_bytes();
             // Zeros are valid blocks of every type (scale 0.0).
             let data = vec![0u8; bb * 5];
             assert_eq!(first_bad_scale(ty, &data), None, "{ty}");
