@@ -545,20 +545,22 @@ fn busy(max_connections: usize) -> ApiError {
 /// `/health`'s answer (the same as the route's) as the bytes of a whole
 /// HTTP response.
 fn healthy_bytes() -> Vec<u8> {
-    let body = crate::routes::health_body().to_string();
-    format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    whole_response("200 OK", "", &crate::routes::health_body())
 }
 
 /// [`busy`] as the bytes of a whole HTTP response, for a connection that
 /// is answered without being read.
 fn busy_bytes(max_connections: usize) -> Vec<u8> {
-    let body = busy(max_connections).body().to_string();
+    let e = busy(max_connections);
+    whole_response("503 Service Unavailable", "retry-after: 1\r\n", &e.body())
+}
+
+/// An HTTP/1.1 response with a JSON body that closes the connection;
+/// `headers` are extra lines, each ending in CRLF.
+fn whole_response(status: &str, headers: &str, body: &serde_json::Value) -> Vec<u8> {
+    let body = body.to_string();
     format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{headers}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
