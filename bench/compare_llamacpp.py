@@ -19,19 +19,39 @@ for r in llama:
     print(f"llama.cpp: {version}, backend {r.get('backends', r.get('backend', '?'))}, threads {r.get('n_threads')}")
     break
 print()
+# Spindle's figures per depth (`depths`), falling back to the top-level
+# pp/tg of a build without `--depth`.
+ours_at = {d["depth"]: d for d in spindle.get("depths", [])} or {0: spindle}
 print("| test | llama.cpp tok/s | spindle tok/s (median) | spindle / llama.cpp |")
 print("|---|---|---|---|")
 for r in llama:
-    n_prompt, n_gen = r.get("n_prompt", 0), r.get("n_gen", 0)
+    n_prompt, n_gen, depth = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("n_depth", 0)
+    at = ours_at.get(depth, {})
     if n_prompt and not n_gen:
-        name, ours = f"pp{n_prompt}", spindle.get("pp")
+        name, ours = f"pp{n_prompt}", at.get("pp")
     elif n_gen and not n_prompt:
-        name, ours = f"tg{n_gen}", spindle.get("tg")
+        name, ours = f"tg{n_gen}", at.get("tg")
     else:
         continue
+    if depth:
+        name += f" @ d{depth}"
     theirs = r["avg_ts"]
     mine = ours["tokens_per_s"]["median"] if ours else float("nan")
     print(f"| {name} | {theirs:.1f} ± {r.get('stddev_ts', 0):.1f} | {mine:.1f} ± {ours['tokens_per_s']['sd'] if ours else 0:.1f} | {mine / theirs:.2f}x |")
+depths = spindle.get("depths", [])
+if len(depths) > 1 or (depths and depths[0]["depth"]):
+    bw = spindle["memory_bandwidth_bytes_per_s"]
+    print()
+    print(f"spindle decode at depth ({spindle.get('kv_type', '?')} KV): bytes a tg pass reads and the share of measured bandwidth")
+    print("| depth | weights MB | KV MB | spindle tg tok/s | GB/s | of bandwidth |")
+    print("|---|---|---|---|---|---|")
+    for d in depths:
+        if not d.get("tg"):
+            continue
+        t = d["tg"]["tokens_per_s"]["median"]
+        b = d["weight_bytes_per_decode_pass"] + d["kv_bytes_per_decode_pass"]
+        print(f"| {d['depth']} | {d['weight_bytes_per_decode_pass'] / 1e6:.1f} | "
+              f"{d['kv_bytes_per_decode_pass'] / 1e6:.1f} | {t:.1f} | {t * b / 1e9:.1f} | {t * b / bw * 100:.0f}% |")
 frac = spindle.get("bandwidth_fraction")
 if frac:
     print()

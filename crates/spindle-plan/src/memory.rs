@@ -47,6 +47,10 @@ const ACT_GROUP_BYTES: u64 = 256 + 32 + 32 + 32;
 const W_GROUP_BYTES: u64 = 256 + 32 + 32 + 256 + 64;
 /// Weight rows per register tile of the AVX2 multi-row kernels (`MR`).
 const TILE_ROWS: u64 = 4;
+/// Positions per attention chunk (spindle-kernels attention `CHUNK`).
+const ATTENTION_CHUNK: u64 = 256;
+/// Rows per attention tile (spindle-model forward/attention.rs `TILE_ROWS`).
+const ATTENTION_TILE_ROWS: u64 = 16;
 
 /// Activation and workspace bytes of the engine's largest pass at context
 /// `ctx` with `batch` sequences: a prefill chunk of `min(prefill_chunk,
@@ -109,15 +113,6 @@ pub fn activation_terms(
             "KvCache.scratch: the pass's K/V rows, every layer",
             mul(&[2, shape.n_layers, n, kv.row_bytes(kvd)]),
         ),
-        // forward.rs KvViews: K/V widened to f32 for one layer at a time.
-        (
-            "KvViews.pass_k/pass_v: the pass's K/V widened to f32",
-            mul(&[2, F32, n, kvd]),
-        ),
-        (
-            "KvViews.committed: each sequence's visible K/V widened to f32",
-            mul(&[2, F32, batch, visible, kvd]),
-        ),
     ];
     if quant {
         // matmul.rs ACTS (calling thread): int8 values plus, per 32, an f32
@@ -139,13 +134,29 @@ pub fn activation_terms(
             mul(&[threads, TILE_ROWS, widest.div_ceil(256), W_GROUP_BYTES]),
         ));
     }
-    // attention.rs attend_group, per running task (one per thread): scores
-    // for the group's heads, a reference (16 bytes) per key row, the
-    // output heads, and the task's list of pass rows it attends to.
-    let per_task = mul(&[F32, group, keys])
-        .saturating_add(mul(&[16, keys]))
-        .saturating_add(mul(&[F32, group, shape.head_dim]))
-        .saturating_add(mul(&[8, chain]));
+    // forward/attention.rs reads K/V in place. A pass of few rows (fewer
+    // than 4 x threads / KV heads) splits each row's keys into chunks that
+    // run as separate tasks, each writing its partial (per query head: the
+    // weighted values, max and sum) to a buffer that is folded afterwards.
+    let chunks = keys.div_ceil(ATTENTION_CHUNK) + 1;
+    let partials = |rows: u64| {
+        if rows.saturating_mul(shape.n_kv_heads.max(1)) < 4 * threads {
+            mul(&[F32, rows, shape.n_heads, shape.head_dim + 2, chunks]).saturating_add(mul(&[
+                64,
+                rows,
+                shape.n_kv_heads.max(1),
+                chunks,
+            ]))
+        } else {
+            0
+        }
+    };
+    // Per running task (one per thread): its tile's fold states and one
+    // chunk's partials, the scores of one row over a chunk, and the chunk's
+    // key and value row references (16 bytes each).
+    let per_task = mul(&[2 * F32, ATTENTION_TILE_ROWS, group, shape.head_dim + 2])
+        .saturating_add(mul(&[F32, group, ATTENTION_CHUNK]))
+        .saturating_add(mul(&[2 * 16, ATTENTION_CHUNK]));
     let term = |name: &str, bytes, phase| Term {
         name: name.into(),
         bytes,
@@ -165,9 +176,14 @@ pub fn activation_terms(
             Phase::Prefill,
         ),
         term(
-            "attention task scratch per thread: scores, key refs, output",
-            mul(&[threads, per_task]),
+            "attention task scratch per thread: fold states, scores, key refs",
+            mul(&[threads, per_task]).saturating_add(partials(chain)),
             Phase::Prefill,
+        ),
+        term(
+            "attention partials of a decode pass's chunks",
+            partials(batch),
+            Phase::Decode,
         ),
         // forward.rs Hidden::data: forward_hidden's output, read by the head.
         term(

@@ -180,8 +180,8 @@ fn activation_terms_by_hand() {
     assert_eq!(bytes("Hidden.data"), 4 * 640);
     // Scratch K and V of 2048 rows in 18 layers, f16: 2 * 18 * 2048 * 512.
     assert_eq!(bytes("KvCache.scratch"), 37_748_736);
-    // The global layers see all 4096 positions: 2 * 4 * 4096 * 256.
-    assert_eq!(bytes("KvViews.committed"), 8_388_608);
+    // Attention reads K/V in place: nothing is widened to f32.
+    assert!(terms.iter().all(|t| !t.name.starts_with("KvViews")));
     // A 2048-row chain lists 2048 * 2049 / 2 ancestors of 8 bytes.
     assert_eq!(bytes("RowPlan.path"), 16_785_408);
     // Widest matmul input 2048 (FFN down): 2048 rows of int8 + 64 blocks * 6.
@@ -190,26 +190,32 @@ fn activation_terms_by_hand() {
     assert_eq!(bytes("PACKED"), 2048 * 8 * 352);
     // 2 threads * 4 rows * 8 WGroups of 640 bytes.
     assert_eq!(bytes("WTILE"), 40_960);
-    // Per task: 4 heads * 4096 keys * 4 + 4096 * 16 + 4 * 256 * 4 + 2048 * 8.
+    // Per task (2 threads): two fold states of a 16-row tile (4 heads x
+    // (256 + 2) floats each), one row's scores over a 256-key chunk, and
+    // 2 x 256 key references of 16 bytes. The 2048-row chunk is too many rows
+    // to split its chunks into tasks, so it holds no partials buffer.
     assert_eq!(
         bytes("attention task scratch"),
-        2 * (65_536 + 65_536 + 4096 + 16_384)
+        2 * (2 * 4 * 16 * 4 * 258 + 4 * 4 * 256 + 2 * 16 * 256)
     );
+    // One decode row has its 4096 keys split into 16 + 1 chunks, each a
+    // partial of 4 heads x 258 floats and a 64-byte reference.
+    assert_eq!(bytes("attention partials"), 4 * 4 * 258 * 17 + 64 * 17);
     let total: u64 = terms.iter().map(|t| t.bytes).sum();
-    assert_eq!(total, 152_663_040);
+    assert_eq!(total, 140_137_056);
     // The chunk's ancestor lists and attention scratch (16,785,408 +
-    // 303,104) are gone before the decode pass's hidden rows, logits and
-    // sampler (2,560 + 1,048,576 + 3,145,728) exist: the peak counts the
-    // larger set only.
+    // 288,768) are gone before the decode pass's hidden rows, logits,
+    // sampler and attention partials (2,560 + 1,048,576 + 3,145,728 +
+    // 71,264) exist: the peak counts the larger set only.
     let phase = |p: Phase| -> u64 { terms.iter().filter(|t| t.phase == p).map(|t| t.bytes).sum() };
-    assert_eq!(phase(Phase::Prefill), 17_088_512);
-    assert_eq!(phase(Phase::Decode), 4_196_864);
+    assert_eq!(phase(Phase::Prefill), 17_074_176);
+    assert_eq!(phase(Phase::Decode), 4_268_128);
     let p = plan(
         &s,
         &PlanRequest::new(4096, 1, KvType::F16, Device::parse("h100").unwrap()),
         &EngineProfile::cpu_with_threads(2),
     );
-    assert_eq!(p.activation_bytes, 152_663_040 - 4_196_864);
+    assert_eq!(p.activation_bytes, 140_137_056 - 4_268_128);
 }
 
 #[test]

@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// Committed context before the rows of `--rows`.
     #[arg(long, default_value_t = 128)]
     pub rows_context: usize,
+    /// Run pp and tg after this many committed tokens, like llama-bench's
+    /// `-d`; a list ("0,4096,16384") runs each depth in turn.
+    #[arg(short = 'd', long, default_value = "0")]
+    pub depth: String,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -58,39 +62,63 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if rows.contains(&0) {
         bail!("--rows takes positive row counts, like 1,2,4,8,16");
     }
+    let depths: Vec<usize> = parse_ids(&args.depth)?
+        .into_iter()
+        .map(|d| d as usize)
+        .collect();
+    if depths.is_empty() {
+        bail!("--depth takes committed token counts, like 0,4096,16384");
+    }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut loaded = args.model.load()?;
     let model = &loaded.model;
     let threads = model.n_threads();
     let reps = args.reps.max(1);
-    let max_len = args
-        .prompt
-        .max(args.gen + 1)
+    let max_depth = depths.iter().copied().max().unwrap_or(0);
+    let max_len = (max_depth + args.prompt.max(args.gen + 1))
         .max(args.rows_context + rows.iter().copied().max().unwrap_or(0))
         + 1;
-    let mut kv = model.new_kv_cache(model.default_kv_type(), max_len, 1);
+    let kv_type = model.default_kv_type();
+    let mut kv = model.new_kv_cache(kv_type, max_len, 1);
 
     let bandwidth = read_bandwidth(&ThreadPool::new(threads), 1 << 30, 3);
     let peaks = int8_mac_peaks(threads, 0.3);
     let w = &model.weights;
     let bytes_per_pass = w.matrix_bytes() + w.embed.data.len() / w.embed.rows.max(1);
 
-    let mut pp = None;
-    if args.prompt > 0 {
-        time_prefill(model, &mut kv, args.prompt, 0)?;
-        let s: Vec<f64> = (0..reps)
-            .map(|i| {
-                time_prefill(model, &mut kv, args.prompt, i as u64 + 1)
-                    .map(|t| args.prompt as f64 / t)
-            })
-            .collect::<Result<_, _>>()?;
-        pp = Some(Summary::of(s));
+    let mut at_depth = Vec::new();
+    for &depth in &depths {
+        let mut pp = None;
+        if args.prompt > 0 {
+            time_prefill(model, &mut kv, args.prompt, depth, 0)?;
+            let s: Vec<f64> = (0..reps)
+                .map(|i| {
+                    time_prefill(model, &mut kv, args.prompt, depth, i as u64 + 1)
+                        .map(|t| args.prompt as f64 / t)
+                })
+                .collect::<Result<_, _>>()?;
+            pp = Some(Summary::of(s));
+        }
+        let mut tg = None;
+        if args.gen > 0 {
+            time_decode(model, &mut kv, args.gen.min(16), depth, 0)?;
+            let s: Vec<f64> = (0..reps)
+                .map(|i| {
+                    time_decode(model, &mut kv, args.gen, depth, i as u64 + 1)
+                        .map(|t| args.gen as f64 / t)
+                })
+                .collect::<Result<_, _>>()?;
+            tg = Some(Summary::of(s));
+        }
+        // A tg pass at the middle of its run reads this much KV.
+        let kv_bytes = model.kv_bytes_read(kv_type, depth + args.gen / 2 + 1);
+        at_depth.push((depth, pp, tg, kv_bytes));
     }
     let mut ops = Vec::new();
     if args.profile && args.prompt > 0 {
         loaded.model.set_profiling(true);
         let _ = loaded.model.take_op_times();
-        time_prefill(&loaded.model, &mut kv, args.prompt, 99)?;
+        time_prefill(&loaded.model, &mut kv, args.prompt, depths[0], 99)?;
         ops = loaded.model.take_op_times();
         loaded.model.set_profiling(false);
     }
@@ -98,7 +126,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.profile && args.gen > 0 {
         loaded.model.set_profiling(true);
         let _ = loaded.model.take_op_times();
-        time_decode(&loaded.model, &mut kv, args.gen, 99)?;
+        time_decode(&loaded.model, &mut kv, args.gen, depths[0], 99)?;
         // Per pass: the first (context) pass is included, hence gen + 1.
         decode_ops = loaded.model.take_op_times();
         decode_ops
@@ -107,21 +135,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         loaded.model.set_profiling(false);
     }
     let model = &loaded.model;
-    let mut tg = None;
-    if args.gen > 0 {
-        time_decode(model, &mut kv, args.gen.min(16), 0)?;
-        let s: Vec<f64> = (0..reps)
-            .map(|i| {
-                time_decode(model, &mut kv, args.gen, i as u64 + 1).map(|t| args.gen as f64 / t)
-            })
-            .collect::<Result<_, _>>()?;
-        tg = Some(Summary::of(s));
-    }
     let mut curve = Vec::new();
     for &r in &rows {
         curve.push((r, time_rows(model, &mut kv, r, args.rows_context, reps)?));
     }
     let one_row = curve.iter().find(|(r, _)| *r == 1).map(|(_, s)| s.median);
+    // The figures of the first depth keep the keys they had before `--depth`.
+    let (_, pp, tg, _) = at_depth[0].clone();
+    // Bytes a tg pass moves at a depth (weights and KV), and the fraction of
+    // the measured bandwidth that its speed is.
+    let depth_fraction = |tg: &Option<Summary>, kv_bytes: usize| {
+        tg.as_ref()
+            .map(|t| t.median * (bytes_per_pass + kv_bytes) as f64 / bandwidth)
+    };
     let fraction = tg
         .as_ref()
         .map(|t| t.median * bytes_per_pass as f64 / bandwidth);
@@ -161,6 +187,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "prompt_best_peak_fraction": pp_macs.map(|m| m / best_peak),
             "prompt_pass_ops_s": ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "decode_pass_ops_s": decode_ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
+            "kv_type": kv_type.name(),
+            "depths": at_depth.iter().map(|(d, pp, tg, kv_bytes)| json!({
+                "depth": d,
+                "pp": pp.as_ref().map(|s| json!({"tokens": args.prompt, "tokens_per_s": stat(s)})),
+                "tg": tg.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
+                "weight_bytes_per_decode_pass": bytes_per_pass,
+                "kv_bytes_per_decode_pass": kv_bytes,
+                "bandwidth_fraction": depth_fraction(tg, *kv_bytes),
+            })).collect::<Vec<_>>(),
             "rows": curve.iter().map(|(r, s)| json!({
                 "rows": r,
                 "ms": {"mean": s.mean * 1e3, "sd": s.sd * 1e3, "median": s.median * 1e3},
@@ -197,19 +232,50 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!();
     println!("| test | tokens/s mean | sd | median |");
     println!("|---|---|---|---|");
-    if let Some(s) = &pp {
-        println!(
-            "| pp{} | {:.1} | {:.1} | {:.1} |",
-            args.prompt, s.mean, s.sd, s.median
-        );
+    for (depth, pp, tg, _) in &at_depth {
+        let at = if *depth > 0 {
+            format!(" @ d{depth}")
+        } else {
+            String::new()
+        };
+        if let Some(s) = pp {
+            println!(
+                "| pp{}{at} | {:.1} | {:.1} | {:.1} |",
+                args.prompt, s.mean, s.sd, s.median
+            );
+        }
+        if let Some(s) = tg {
+            println!(
+                "| tg{}{at} | {:.1} | {:.1} | {:.1} |",
+                args.gen, s.mean, s.sd, s.median
+            );
+        }
     }
-    if let Some(s) = &tg {
+    if at_depth.len() > 1 || depths[0] > 0 {
+        println!();
         println!(
-            "| tg{} | {:.1} | {:.1} | {:.1} |",
-            args.gen, s.mean, s.sd, s.median
+            "decode at depth: bytes one tg pass reads ({} KV, at the middle of tg{}) and the share of measured bandwidth it moves:",
+            kv_type.name(),
+            args.gen
         );
+        println!("| depth | weights MB | KV MB | tokens/s | GB/s | of bandwidth |");
+        println!("|---|---|---|---|---|---|");
+        for (depth, _, tg, kv_bytes) in &at_depth {
+            if let (Some(t), Some(f)) = (tg, depth_fraction(tg, *kv_bytes)) {
+                println!(
+                    "| {depth} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% |",
+                    bytes_per_pass as f64 / 1e6,
+                    *kv_bytes as f64 / 1e6,
+                    t.median,
+                    t.median * (bytes_per_pass + kv_bytes) as f64 / 1e9,
+                    f * 100.0
+                );
+            }
+        }
     }
-    if let (Some(s), Some(f)) = (&tg, fraction) {
+    // At depth 0 the weights are nearly all a pass reads (the table above
+    // covers deeper runs).
+    if let (Some(s), Some(f), 0) = (&tg, fraction, depths[0]) {
         println!();
         println!(
             "decode pass reads {:.1} MB of weights: {:.1} tokens/s moves {:.1} GB/s = {:.0}% of measured bandwidth (ceiling {:.1} tokens/s)",

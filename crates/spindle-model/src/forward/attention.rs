@@ -1,18 +1,57 @@
 //! Attention inside the pass: every row over its window of committed KV and
-//! its own path in the batch, one task per (row, KV head) group, with K/V
-//! widened to f32 once per pass.
+//! its own path in the batch, read in place from the cache's blocks and the
+//! pass's scratch rows, in their stored type (no widened copy).
+//!
+//! Rows are gathered into tiles (a run of rows each following the one
+//! before, as a prompt's rows do), positions into fixed [`CHUNK`]s; a work
+//! item is one tile, one slice of a KV head's query heads and one chunk.
+//! How items are grouped into tasks follows the batch and the thread count,
+//! but a row's result never does: each chunk's partial is computed the same
+//! way wherever it runs, and partials are folded in position order.
+
+use spindle_kernels::attention::{
+    chunk_partials, empty_partial, finish, fold_partial, BlockQ8, ChunkScratch, HeadGroup, KvElem,
+    TileRow, CHUNK,
+};
 
 use super::*;
+use crate::kv_cache::KvBuf;
+
+/// Most rows in a tile: every key and value row a tile reads is widened once
+/// for all of them (a prompt's rows share nearly every key).
+const TILE_ROWS: usize = 16;
+
+/// A run of batch rows, each following the row before (one sequence).
+struct Tile {
+    rows: Range<usize>,
+    seq: SeqId,
+    ctx_len: usize,
+    /// Batch rows at positions `ctx_len..`: the last row's path.
+    chain: Vec<usize>,
+    /// Positions the tile's rows see, together.
+    seen: Range<usize>,
+}
+
+impl Tile {
+    fn chunks(&self) -> Range<usize> {
+        self.seen.start / CHUNK..self.seen.end.div_ceil(CHUNK)
+    }
+}
+
+/// Where the keys and values of one layer lie: the cache's blocks and the
+/// pass's scratch rows, as stored elements.
+struct LayerKv<'a, E> {
+    stored_k: &'a [E],
+    stored_v: &'a [E],
+    pass_k: &'a [E],
+    pass_v: &'a [E],
+    /// Elements per stored row (`kv_dim / E::VALUES`).
+    row: usize,
+}
 
 impl Model {
     /// Every row of the pass attends over its window of committed KV and its
-    /// path in the batch. K/V are widened to f32 once per pass (committed
-    /// windows per sequence, and the pass's own rows as rounded into the
-    /// cache, so a row reads exactly what a later pass would read back).
-    /// A task is one row's heads that share a KV head, or a slice of them so
-    /// that decoding one row still uses every thread; the split never changes
-    /// a head's result.
-    #[allow(clippy::too_many_arguments)]
+    /// path in the batch; `out` gets `n_head * head_dim` values per row.
     pub(super) fn attention(
         &self,
         layer: usize,
@@ -21,7 +60,56 @@ impl Model {
         kv: &KvCache,
         q: &[f32],
         out: &mut [f32],
-        views: &mut KvViews,
+    ) {
+        let stored = kv.layer(layer);
+        let pass = &kv.scratch.layers[layer];
+        match (&stored.k, &stored.v, &pass.k, &pass.v) {
+            (KvBuf::F32(a), KvBuf::F32(b), KvBuf::F32(c), KvBuf::F32(d)) => {
+                self.attention_in(layer, batch, plans, kv, q, out, self.layer_kv(a, b, c, d))
+            }
+            (KvBuf::F16(a), KvBuf::F16(b), KvBuf::F16(c), KvBuf::F16(d)) => {
+                self.attention_in(layer, batch, plans, kv, q, out, self.layer_kv(a, b, c, d))
+            }
+            (KvBuf::Q8_0(a), KvBuf::Q8_0(b), KvBuf::Q8_0(c), KvBuf::Q8_0(d)) => self
+                .attention_in::<BlockQ8>(
+                    layer,
+                    batch,
+                    plans,
+                    kv,
+                    q,
+                    out,
+                    self.layer_kv(a, b, c, d),
+                ),
+            _ => unreachable!("KV buffers of one cache share a type"),
+        }
+    }
+
+    fn layer_kv<'a, E: KvElem>(
+        &self,
+        stored_k: &'a [E],
+        stored_v: &'a [E],
+        pass_k: &'a [E],
+        pass_v: &'a [E],
+    ) -> LayerKv<'a, E> {
+        LayerKv {
+            stored_k,
+            stored_v,
+            pass_k,
+            pass_v,
+            row: self.config.kv_dim() / E::VALUES,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_in<E: KvElem>(
+        &self,
+        layer: usize,
+        batch: &Batch,
+        plans: &[RowPlan],
+        kv: &KvCache,
+        q: &[f32],
+        out: &mut [f32],
+        lkv: LayerKv<'_, E>,
     ) {
         let cfg = &self.config;
         let window = if cfg.layer_sliding[layer] {
@@ -30,135 +118,220 @@ impl Model {
             None
         };
         let first_visible = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let stride = cfg.kv_dim();
+        let tiles = tiles(batch, plans, first_visible);
 
-        // The pass's rows, as stored.
-        let scratch = &kv.scratch.layers[layer];
-        let all = 0..scratch.k.len();
-        self.widen_into(&scratch.k, std::slice::from_ref(&all), &mut views.pass_k);
-        self.widen_into(&scratch.v, std::slice::from_ref(&all), &mut views.pass_v);
-        // Each sequence's committed window, from the earliest position any of its rows sees.
-        views.n_seqs = 0;
-        for (row, plan) in batch.rows.iter().zip(plans) {
-            let base = first_visible(row.pos).min(plan.ctx_len);
-            let used = views.n_seqs;
-            match views.committed[..used].iter_mut().find(|c| c.0 == row.seq) {
-                Some(c) => c.1 = c.1.min(base),
-                None => {
-                    if used == views.committed.len() {
-                        views
-                            .committed
-                            .push((row.seq, base, Vec::new(), Vec::new()));
+        let n_kv = cfg.n_head_kv.max(1);
+        let group_size = cfg.n_head / n_kv;
+        let hd = cfg.head_dim;
+        let threads = self.pool.n_threads();
+        // Few rows (decoding): each chunk is its own task, and a KV head's
+        // query heads may be split too, so one row still uses every thread.
+        // Many rows (prompts, trees, batches): a task is a tile and a head
+        // slice, folding its chunks as it goes, so partials need no buffer.
+        // (The planner counts the split's partials with the same rule.)
+        let split_chunks = batch.len() * n_kv < 4 * threads;
+        let items: usize = tiles.iter().map(|t| t.chunks().len()).sum::<usize>() * n_kv;
+        let parts = if split_chunks && items < 2 * threads {
+            (2 * threads).div_ceil(items.max(1)).clamp(1, group_size)
+        } else {
+            1
+        };
+        let per_part = group_size.div_ceil(parts);
+        let parts = group_size.div_ceil(per_part);
+        // Slices of query heads: (KV head, first head, heads).
+        let slices: Vec<(usize, usize, usize)> = (0..n_kv)
+            .flat_map(|g| {
+                (0..parts).map(move |p| {
+                    let lo = p * per_part;
+                    (g, g * group_size + lo, per_part.min(group_size - lo))
+                })
+            })
+            .collect();
+        let head_group = |&(g, _, heads): &(usize, usize, usize)| HeadGroup {
+            heads,
+            head_dim: hd,
+            kv_offset: g * hd,
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
+        };
+        let key_rows = |tile: &Tile, c: usize| -> (Range<usize>, Vec<&[E]>, Vec<&[E]>) {
+            let span = (c * CHUNK).max(tile.seen.start)..((c + 1) * CHUNK).min(tile.seen.end);
+            let table = kv.block_table(tile.seq, layer);
+            let (mut ks, mut vs) = (
+                Vec::with_capacity(span.len()),
+                Vec::with_capacity(span.len()),
+            );
+            let mut push = |committed: bool, r: usize| {
+                let (k, v) = if committed {
+                    (lkv.stored_k, lkv.stored_v)
+                } else {
+                    (lkv.pass_k, lkv.pass_v)
+                };
+                ks.push(&k[r * lkv.row..(r + 1) * lkv.row]);
+                vs.push(&v[r * lkv.row..(r + 1) * lkv.row]);
+            };
+            let mut pos = span.start;
+            // Committed positions, a block (one table lookup) at a time.
+            while pos < span.end.min(tile.ctx_len) {
+                let block = table[pos / BLOCK].expect("attention reads only kept blocks");
+                let end = ((pos / BLOCK + 1) * BLOCK).min(span.end).min(tile.ctx_len);
+                for p in pos..end {
+                    push(true, block * BLOCK + p % BLOCK);
+                }
+                pos = end;
+            }
+            // Then the pass's own rows along the tile's chain.
+            for p in pos..span.end {
+                push(false, tile.chain[p - tile.ctx_len]);
+            }
+            (span, ks, vs)
+        };
+        // One chunk's partials for every row of a tile, `rows.len() *
+        // partial_len` floats.
+        let partials = |tile: &Tile,
+                        slice: &(usize, usize, usize),
+                        c: usize,
+                        scratch: &mut ChunkScratch,
+                        dst: &mut [f32]| {
+            let (span, ks, vs) = key_rows(tile, c);
+            let (_, head0, heads) = *slice;
+            let rows: Vec<TileRow<'_>> = tile
+                .rows
+                .clone()
+                .map(|i| {
+                    let pos = batch.rows[i].pos;
+                    let lo = first_visible(pos).max(span.start);
+                    let hi = (pos + 1).min(span.end);
+                    let q_at = (i * cfg.n_head + head0) * hd;
+                    TileRow {
+                        q: &q[q_at..q_at + heads * hd],
+                        keys: if lo < hi {
+                            lo - span.start..hi - span.start
+                        } else {
+                            0..0
+                        },
                     }
-                    let c = &mut views.committed[used];
-                    (c.0, c.1) = (row.seq, base);
-                    views.n_seqs += 1;
+                })
+                .collect();
+            chunk_partials(self.isa, &head_group(slice), &rows, &ks, &vs, scratch, dst);
+        };
+        let out_heads = DisjointChunks::new(out, hd);
+        let write_out = |tile: &Tile, slice: &(usize, usize, usize), states: &[f32]| {
+            let group = head_group(slice);
+            let mut dst = vec![0.0f32; slice.2 * hd];
+            for (i, state) in tile
+                .rows
+                .clone()
+                .zip(states.chunks_exact(group.partial_len()))
+            {
+                finish(&group, state, &mut dst);
+                for (h, src) in (slice.1..slice.1 + slice.2).zip(dst.chunks_exact(hd)) {
+                    // SAFETY: head h of row i belongs to this tile and slice alone.
+                    unsafe { out_heads.chunk_mut(i * cfg.n_head + h) }.copy_from_slice(src);
+                }
+            }
+        };
+        let new_states = |tile: &Tile, group: &HeadGroup| {
+            let plen = group.partial_len();
+            let mut states = vec![0.0f32; tile.rows.len() * plen];
+            states
+                .chunks_exact_mut(plen)
+                .for_each(|s| empty_partial(group, s));
+            states
+        };
+        let fold_all = |group: &HeadGroup, states: &mut [f32], parts: &[f32]| {
+            let plen = group.partial_len();
+            for (s, p) in states.chunks_exact_mut(plen).zip(parts.chunks_exact(plen)) {
+                fold_partial(self.isa, group, s, p);
+            }
+        };
+
+        if !split_chunks {
+            for_each_task(&self.pool, tiles.len() * slices.len(), |t| {
+                let (tile, slice) = (&tiles[t / slices.len()], &slices[t % slices.len()]);
+                let group = head_group(slice);
+                let mut states = new_states(tile, &group);
+                let mut part = vec![0.0f32; states.len()];
+                let mut scratch = ChunkScratch::default();
+                for c in tile.chunks() {
+                    partials(tile, slice, c, &mut scratch, &mut part);
+                    fold_all(&group, &mut states, &part);
+                }
+                write_out(tile, slice, &states);
+            });
+            return;
+        }
+
+        // Every (tile, slice, chunk) item computes into its own place, then
+        // each (tile, slice) folds its chunks in position order.
+        let mut offsets = Vec::with_capacity(tiles.len() * slices.len() + 1);
+        let mut items: Vec<(usize, usize, usize)> = Vec::new();
+        let mut total = 0;
+        for (ti, tile) in tiles.iter().enumerate() {
+            for (si, slice) in slices.iter().enumerate() {
+                offsets.push(items.len());
+                let plen = head_group(slice).partial_len() * tile.rows.len();
+                for c in tile.chunks() {
+                    items.push((ti, si, c));
+                    total += plen;
                 }
             }
         }
-        for (seq, base, k, v) in &mut views.committed[..views.n_seqs] {
-            let len = kv.seq_len(*seq);
-            let ranges = kv.layer_ranges(*seq, layer, *base, len);
-            let stored = kv.layer(layer);
-            self.widen_into(&stored.k, &ranges, k);
-            self.widen_into(&stored.v, &ranges, v);
+        offsets.push(items.len());
+        let mut buf = vec![0.0f32; total];
+        let mut places = Vec::with_capacity(items.len());
+        let mut rest = &mut buf[..];
+        for &(ti, si, _) in &items {
+            let len = head_group(&slices[si]).partial_len() * tiles[ti].rows.len();
+            let (here, tail) = rest.split_at_mut(len);
+            places.push(std::sync::Mutex::new(here));
+            rest = tail;
         }
-        let committed = &views.committed[..views.n_seqs];
-        let (pass_k, pass_v) = (&views.pass_k, &views.pass_v);
-
-        let n_kv = cfg.n_head_kv.max(1);
-        let group = cfg.n_head / n_kv;
-        let hd = cfg.head_dim;
-        let groups = batch.len() * n_kv;
-        let parts = self.pool.n_threads().div_ceil(groups).clamp(1, group);
-        let per_part = group.div_ceil(parts);
-        let parts = group.div_ceil(per_part);
-        let out_heads = DisjointChunks::new(out, hd);
-        let task = |t: usize| {
-            let (g, part) = (t / parts, t % parts);
-            let (i, kv_head) = (g / n_kv, g % n_kv);
-            let heads = kv_head * group + part * per_part
-                ..kv_head * group + ((part + 1) * per_part).min(group);
-            let (row, plan) = (&batch.rows[i], &plans[i]);
-            let first = first_visible(row.pos);
-            let (_, base, ck, cv) = committed
-                .iter()
-                .find(|c| c.0 == row.seq)
-                .expect("collected above");
-            let ctx = first.min(plan.ctx_len) - base..plan.ctx_len - base;
-            let tail: Vec<usize> = plan
-                .path
-                .iter()
-                .copied()
-                .filter(|&r| batch.rows[r].pos >= first)
-                .collect();
-            let q_row = i * cfg.n_head;
-            let query = GroupQuery {
-                q: &q[(q_row + heads.start) * hd..(q_row + heads.end) * hd],
-                head_dim: hd,
-                kv_offset: kv_head * hd,
-                scale: cfg.attn_scale,
-                softcap: cfg.attn_softcap,
-            };
-            let mut dst = vec![0.0f32; heads.len() * hd];
-            attend_group(
-                self.isa,
-                &query,
-                KvRows {
-                    k: ck,
-                    v: cv,
-                    stride,
-                },
-                ctx,
-                KvRows {
-                    k: pass_k,
-                    v: pass_v,
-                    stride,
-                },
-                &tail,
-                &mut Vec::new(),
+        for_each_task(&self.pool, items.len(), |t| {
+            let (ti, si, c) = items[t];
+            let mut dst = places[t].lock().unwrap_or_else(|p| p.into_inner());
+            partials(
+                &tiles[ti],
+                &slices[si],
+                c,
+                &mut ChunkScratch::default(),
                 &mut dst,
             );
-            for (h, src) in heads.zip(dst.chunks_exact(hd)) {
-                // SAFETY: head h of row i belongs to this task alone.
-                unsafe { out_heads.chunk_mut(q_row + h) }.copy_from_slice(src);
+        });
+        for_each_task(&self.pool, tiles.len() * slices.len(), |t| {
+            let (tile, slice) = (&tiles[t / slices.len()], &slices[t % slices.len()]);
+            let group = head_group(slice);
+            let mut states = new_states(tile, &group);
+            for place in &places[offsets[t]..offsets[t + 1]] {
+                let part = place.lock().unwrap_or_else(|p| p.into_inner());
+                fold_all(&group, &mut states, &part);
             }
-        };
-        for_each_task(&self.pool, groups * parts, task);
-    }
-
-    /// The stored values of `ranges`, one after the other, widened to f32
-    /// into `out` (resized; every element overwritten), in parallel.
-    fn widen_into(&self, buf: &KvBuf, ranges: &[Range<usize>], out: &mut Vec<f32>) {
-        const CHUNK: usize = 1 << 14;
-        // Where each range starts in `out`.
-        let mut starts = Vec::with_capacity(ranges.len());
-        let mut len = 0;
-        for r in ranges {
-            starts.push(len);
-            len += r.len();
-        }
-        out.resize(len, 0.0);
-        let chunks = DisjointChunks::new(out, CHUNK);
-        for_each_task(&self.pool, len.div_ceil(CHUNK), |c| {
-            // SAFETY: chunk c belongs to this task alone.
-            let dst = unsafe { chunks.chunk_mut(c) };
-            // A chunk may span several ranges (one per block).
-            let mut done = 0;
-            let mut r = starts.partition_point(|&s| s <= c * CHUNK) - 1;
-            while done < dst.len() {
-                let off = c * CHUNK + done - starts[r];
-                let range = &ranges[r];
-                let n = (dst.len() - done).min(range.len() - off);
-                let (src, d) = (
-                    range.start + off..range.start + off + n,
-                    &mut dst[done..done + n],
-                );
-                // Q8_0 in whole blocks: ranges and chunks are multiples of 32.
-                buf.read_into(src, d);
-                done += n;
-                r += 1;
-            }
+            write_out(tile, slice, &states);
         });
     }
+}
+
+/// The batch's rows as tiles: a row joins the tile of the row before when it
+/// follows that row, up to [`TILE_ROWS`].
+fn tiles(batch: &Batch, plans: &[RowPlan], first_visible: impl Fn(usize) -> usize) -> Vec<Tile> {
+    let mut tiles: Vec<Tile> = Vec::new();
+    for (i, (row, plan)) in batch.rows.iter().zip(plans).enumerate() {
+        if let Some(t) = tiles.last_mut() {
+            if row.parent == Some(i - 1) && t.rows.len() < TILE_ROWS {
+                t.rows.end = i + 1;
+                t.chain.push(i);
+                t.seen.end = row.pos + 1;
+                continue;
+            }
+        }
+        let chain: Vec<usize> = plan.path.clone();
+        tiles.push(Tile {
+            rows: i..i + 1,
+            seq: row.seq,
+            ctx_len: plan.ctx_len,
+            chain,
+            seen: first_visible(row.pos).min(plan.ctx_len)..row.pos + 1,
+        });
+    }
+    tiles
 }

@@ -6,7 +6,6 @@ mod row_ops;
 use std::ops::Range;
 
 use spindle_kernels::activation::{gated, soft_cap};
-use spindle_kernels::attention::{attend_group, GroupQuery, KvRows};
 use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
 use spindle_kernels::rope::RopeTable;
 use spindle_kernels::simd::{detected_isa, Isa};
@@ -15,7 +14,7 @@ use spindle_kernels::ThreadPool;
 use crate::batch::{Batch, SeqId};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::kv_cache::{KvBuf, KvCache, KvLayout, KvType};
+use crate::kv_cache::{KvCache, KvLayout, KvType, BLOCK};
 use crate::parallel::{for_each_task, DisjointChunks};
 use crate::profile::{OpClock, OpTimes};
 use crate::weights::{Matrix, Weights};
@@ -47,20 +46,6 @@ struct PassBuffers {
     gate: Vec<f32>,
     up: Vec<f32>,
     hn: Vec<f32>,
-    kv: KvViews,
-}
-
-/// K/V widened to f32 for one layer's attention.
-#[derive(Default)]
-struct KvViews {
-    /// The pass's own rows.
-    pass_k: Vec<f32>,
-    pass_v: Vec<f32>,
-    /// Per sequence in the pass: its id, the first committed position
-    /// widened, and the widened keys and values from there.
-    committed: Vec<(SeqId, usize, Vec<f32>, Vec<f32>)>,
-    /// How many entries of `committed` this pass uses.
-    n_seqs: usize,
 }
 
 /// Logits of the rows of a pass that asked for them.
@@ -243,6 +228,22 @@ impl Model {
         KvCache::new(self.kv_layout(ty, max_len, max_seqs))
     }
 
+    /// Bytes of keys and values one decode row reads at position `pos`
+    /// (every layer's visible window of `pos + 1` positions, K and V).
+    pub fn kv_bytes_read(&self, ty: KvType, pos: usize) -> usize {
+        let cfg = &self.config;
+        let row = ty.row_bytes(cfg.kv_dim());
+        (0..cfg.n_layers)
+            .map(|l| {
+                let seen = match cfg.sliding_window.filter(|_| cfg.layer_sliding[l]) {
+                    Some(w) => (pos + 1).min(w),
+                    None => pos + 1,
+                };
+                2 * seen * row
+            })
+            .sum()
+    }
+
     /// The KV type that keeps this model's accuracy: f32 for float32 weights
     /// (reference models), f16 otherwise.
     pub fn default_kv_type(&self) -> KvType {
@@ -339,7 +340,6 @@ impl Model {
             o,
             gate,
             up,
-            kv: views,
             ..
         } = &mut *guard;
         for (buf, len) in [
@@ -390,7 +390,7 @@ impl Model {
             scratch.k.write(0, k);
             scratch.v.write(0, v);
             clock.mark("qk-norm, rope, kv write");
-            self.attention(l, batch, &plans, kv, q, attn, views);
+            self.attention(l, batch, &plans, kv, q, attn);
             clock.mark("attention");
             self.matmul(&lw.wo, attn, n, o)?;
             clock.mark("matmul o");

@@ -339,6 +339,12 @@ impl KvCache {
         &self.layers[l]
     }
 
+    /// The block of each run of [`BLOCK`] positions of `seq` in layer `l`
+    /// (`None` where a sliding window has given the block back).
+    pub(crate) fn block_table(&self, seq: SeqId, l: usize) -> &[Option<BlockId>] {
+        &self.seq(seq).expect("a sequence of the pass").tables[self.layer_group[l]]
+    }
+
     /// The element ranges of layer `l`'s blocks holding positions
     /// `from..to` of `seq`, in position order. The positions must be ones
     /// the layer keeps (at most a window back for a sliding layer).

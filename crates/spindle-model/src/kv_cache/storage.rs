@@ -4,7 +4,9 @@
 use std::ops::Range;
 
 use half::f16;
+pub use spindle_kernels::attention::BlockQ8;
 use spindle_kernels::attention::KvElem;
+use spindle_kernels::simd::Isa;
 
 /// Element type of stored keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,46 +54,6 @@ impl KvType {
     }
 }
 
-/// 32 values as an f16 scale and 32 int8: value `i` is `d * qs[i]`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[repr(C)]
-pub struct BlockQ8 {
-    pub d: f16,
-    pub qs: [i8; 32],
-}
-
-impl BlockQ8 {
-    const ZERO: BlockQ8 = BlockQ8 {
-        d: f16::ZERO,
-        qs: [0; 32],
-    };
-
-    /// Quantizes 32 values: scale `max |x| / 127` (rounded to f16), each
-    /// value rounded to the nearest multiple of the f32 scale, as GGUF's
-    /// Q8_0 is made.
-    pub(crate) fn quantize(x: &[f32]) -> BlockQ8 {
-        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let mut qs = [0i8; 32];
-        for (q, v) in qs.iter_mut().zip(x) {
-            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-        }
-        BlockQ8 {
-            d: f16::from_f32(d),
-            qs,
-        }
-    }
-
-    /// The 32 values as f32, into `out`.
-    pub fn dequantize(&self, out: &mut [f32]) {
-        let d = self.d.to_f32();
-        for (o, &q) in out.iter_mut().zip(&self.qs) {
-            *o = d * q as f32;
-        }
-    }
-}
-
 /// Rows of `kv_dim` values in one element type. Element offsets and
 /// lengths of a Q8_0 buffer are multiples of 32 (whole rows).
 #[derive(Debug, Clone)]
@@ -122,14 +84,9 @@ impl KvBuf {
     /// Stores `src` at element offset `at`.
     pub(crate) fn write(&mut self, at: usize, src: &[f32]) {
         match self {
-            KvBuf::F32(v) => store(&mut v[at..at + src.len()], src),
-            KvBuf::F16(v) => store(&mut v[at..at + src.len()], src),
-            KvBuf::Q8_0(v) => {
-                let blocks = &mut v[at / 32..(at + src.len()) / 32];
-                for (b, x) in blocks.iter_mut().zip(src.chunks_exact(32)) {
-                    *b = BlockQ8::quantize(x);
-                }
-            }
+            KvBuf::F32(v) => store(v, at, src),
+            KvBuf::F16(v) => store(v, at, src),
+            KvBuf::Q8_0(v) => store(v, at, src),
         }
     }
 
@@ -161,16 +118,9 @@ impl KvBuf {
     /// for Q8_0 both are whole blocks of 32).
     pub fn read_into(&self, range: Range<usize>, out: &mut [f32]) {
         match self {
-            KvBuf::F32(v) => out.copy_from_slice(&v[range]),
-            KvBuf::F16(v) => f16::load(&v[range], out),
-            KvBuf::Q8_0(v) => {
-                for (b, o) in v[range.start / 32..range.end / 32]
-                    .iter()
-                    .zip(out.chunks_exact_mut(32))
-                {
-                    b.dequantize(o);
-                }
-            }
+            KvBuf::F32(v) => widen(v, range, out),
+            KvBuf::F16(v) => widen(v, range, out),
+            KvBuf::Q8_0(v) => widen(v, range, out),
         }
     }
 
@@ -187,10 +137,18 @@ impl KvBuf {
     }
 }
 
-fn store<E: KvElem>(dst: &mut [E], src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = E::from_f32(s);
-    }
+/// `src` stored at value offset `at` (a multiple of `E::VALUES`).
+fn store<E: KvElem>(dst: &mut [E], at: usize, src: &[f32]) {
+    E::store(src, &mut dst[at / E::VALUES..(at + src.len()) / E::VALUES]);
+}
+
+/// The values `range` (whole elements) widened to f32 into `out`.
+fn widen<E: KvElem>(src: &[E], range: Range<usize>, out: &mut [f32]) {
+    E::widen(
+        Isa::Scalar,
+        &src[range.start / E::VALUES..range.end / E::VALUES],
+        out,
+    );
 }
 
 #[cfg(test)]
