@@ -4,7 +4,8 @@
 //!
 //! The operations per output are fixed, whatever the path:
 //! - a score is `sum(q[e] * k[e])` with element `e` in lane `e % 8` (fused
-//!   multiply-adds in element order), the eight lanes reduced by [`tree8`];
+//!   multiply-adds in element order), the eight lanes reduced by `tree8`
+//!   (`simd.rs`, the reduction every float dot uses);
 //! - a weighted value is `sum_j p[j] * v[j][e]`, fused multiply-adds in key
 //!   order from the partial's current value (zero).
 //!
@@ -15,7 +16,7 @@
 //! multiple of 8, take the scalar path, which gives the same bits.
 
 use super::{HeadGroup, KvElem};
-use crate::simd::Isa;
+use crate::simd::{tree8, Isa};
 
 /// Scores (without the scale) of every head against every key:
 /// `out[h * n + j]`, for `n = keys.len()`. `values` (the same keys' value
@@ -77,12 +78,6 @@ pub(super) fn values<E: KvElem>(
     }
 }
 
-/// The fixed reduction of eight lanes.
-#[inline(always)]
-pub(super) fn tree8(a: &[f32; 8]) -> f32 {
-    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
-}
-
 #[cfg(target_arch = "x86_64")]
 fn fits_avx2(group: &HeadGroup) -> bool {
     group.head_dim.is_multiple_of(8) && group.kv_offset.is_multiple_of(8)
@@ -92,8 +87,6 @@ fn fits_avx2(group: &HeadGroup) -> bool {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    #[cfg(doc)]
-    use super::tree8;
     use super::{HeadGroup, KvElem};
 
     /// How many keys ahead the scores loop prefetches key rows.
@@ -115,17 +108,11 @@ mod avx2 {
         }
     }
 
-    /// [`tree8`] in registers: `x = lo + hi` is `a[l] + a[l + 4]`, and two
-    /// horizontal adds give `(x0 + x1) + (x2 + x3)`, the same sums in the same
-    /// order (an add's two operands may swap without changing the result).
+    /// The eight lanes reduced as [`crate::simd::tree8`] reduces them.
     #[inline(always)]
     fn reduce(v: __m256) -> f32 {
-        // SAFETY: plain register operations; the callers enable AVX2.
-        unsafe {
-            let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let h = _mm_hadd_ps(x, x);
-            _mm_cvtss_f32(_mm_hadd_ps(h, h))
-        }
+        // SAFETY: the callers run with AVX2, FMA and F16C enabled.
+        unsafe { crate::simd::avx2::tree8_ps(v) }
     }
 
     /// [`super::scores`]: heads in groups of up to four, keys in pairs.

@@ -26,7 +26,7 @@ mod vector;
 use std::ops::Range;
 
 pub use stored::{head_slice, BlockQ8, KvElem};
-pub use vector::{axpy, dot};
+pub use vector::axpy;
 
 use crate::simd::Isa;
 
