@@ -65,6 +65,15 @@ fn score_agrees_with_the_transformers_reference() {
     let got = score(model, &mut kv, &r.ids, 1).unwrap();
     assert_eq!(got.len(), r.positions.len());
     let mut agree = 0;
+    // Positions whose reference top-1 leads its runner-up by at least
+    // CLEAR nats, and how many of them agree. Spindle rounds activations to
+    // int8 for the quantized matmuls (as llama.cpp does), which moves
+    // log-probabilities by ~0.04 nats on average here; any change in float
+    // order then flips some near-ties (between sessions: 249/253 and 246/253
+    // overall, every flip at a margin of 0.22 nats or less). A clear lead
+    // must not flip.
+    const CLEAR: f64 = 0.25;
+    let (mut clear, mut clear_agree) = (0, 0);
     let mut worst: (f64, usize) = (0.0, 0);
     let mut total = 0.0;
     for (i, (g, want)) in got.iter().zip(&r.positions).enumerate() {
@@ -80,6 +89,11 @@ fn score_agrees_with_the_transformers_reference() {
             g.logprob,
             want.logprob
         );
+        let margin = want.top1_logprob - want.top2_logprob;
+        if margin >= CLEAR {
+            clear += 1;
+            clear_agree += usize::from(g.top[0].id == want.top1);
+        }
         if g.top[0].id == want.top1 {
             agree += 1;
         } else {
@@ -99,7 +113,18 @@ fn score_agrees_with_the_transformers_reference() {
         worst.0,
         worst.1
     );
-    assert!(rate >= 0.98, "top-1 agreement {rate:.4} < 0.98");
+    let mean = total / got.len() as f64;
+    let clear_rate = clear_agree as f64 / clear.max(1) as f64;
+    eprintln!(
+        "top-1 agreement where the reference leads by {CLEAR} nats or more: {clear_agree}/{clear}"
+    );
+    assert!(clear > got.len() / 2, "most positions have a clear lead");
+    assert!(
+        clear_rate >= 0.99,
+        "top-1 agreement at clear leads {clear_rate:.4} < 0.99"
+    );
+    assert!(rate >= 0.96, "top-1 agreement {rate:.4} < 0.96");
+    assert!(mean <= 0.06, "mean |dlogprob| {mean:.4} > 0.06 nats");
 }
 
 #[test]

@@ -78,7 +78,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let max_len = (max_depth + args.prompt.max(args.gen + 1))
         .max(args.rows_context + rows.iter().copied().max().unwrap_or(0))
         + 1;
-    let kv_type = model.default_kv_type();
+    // `--kv-type` chooses what the passes read (f16 unless the weights are f32).
+    let kv_type = args.model.kv_type(model)?;
     let mut kv = model.new_kv_cache(kv_type, max_len, 1);
 
     let bandwidth = read_bandwidth(&ThreadPool::new(threads), 1 << 30, 3);
