@@ -6,9 +6,11 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use spindle_engine::bench::{time_decode, time_prefill, time_rows, Summary};
+use spindle_engine::EngineError;
 use spindle_kernels::int8_peak::int8_mac_peaks;
 use spindle_kernels::membw::read_bandwidth;
 use spindle_kernels::ThreadPool;
+use spindle_model::{KvCache, Model};
 
 use crate::options::{parse_ids, ModelArgs};
 
@@ -41,6 +43,27 @@ pub struct BenchArgs {
     /// Also print where the prompt pass's time goes, op by op.
     #[arg(long)]
     pub profile: bool,
+}
+
+/// How `spindle_engine::bench` times `n` tokens after `depth` committed ones.
+type TimeTokens = fn(&Model, &mut KvCache, usize, usize, u64) -> Result<f64, EngineError>;
+
+/// Tokens per second of `reps` timed runs of `n` tokens, after a warm-up run
+/// of `warm` tokens (salts 1.. for the timed runs, 0 for the warm-up).
+fn tokens_per_s(
+    model: &Model,
+    kv: &mut KvCache,
+    time: TimeTokens,
+    n: usize,
+    warm: usize,
+    depth: usize,
+    reps: usize,
+) -> Result<Summary> {
+    time(model, kv, warm, depth, 0)?;
+    let s: Vec<f64> = (0..reps)
+        .map(|i| time(model, kv, n, depth, i as u64 + 1).map(|t| n as f64 / t))
+        .collect::<Result<_, _>>()?;
+    Ok(Summary::of(s))
 }
 
 pub fn cpu_name() -> String {
@@ -87,32 +110,40 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let w = &model.weights;
     let bytes_per_pass = w.matrix_bytes() + w.embed.data.len() / w.embed.rows.max(1);
 
+    // The planner's count of the KV bytes a decode pass reads.
+    let shape = spindle_plan::ModelShape::from_path(&args.model.resolve()?)?;
+    let plan_kv = spindle_plan::KvType::parse(kv_type.name())?;
     let mut at_depth = Vec::new();
     for &depth in &depths {
-        let mut pp = None;
-        if args.prompt > 0 {
-            time_prefill(model, &mut kv, args.prompt, depth, 0)?;
-            let s: Vec<f64> = (0..reps)
-                .map(|i| {
-                    time_prefill(model, &mut kv, args.prompt, depth, i as u64 + 1)
-                        .map(|t| args.prompt as f64 / t)
-                })
-                .collect::<Result<_, _>>()?;
-            pp = Some(Summary::of(s));
-        }
-        let mut tg = None;
-        if args.gen > 0 {
-            time_decode(model, &mut kv, args.gen.min(16), depth, 0)?;
-            let s: Vec<f64> = (0..reps)
-                .map(|i| {
-                    time_decode(model, &mut kv, args.gen, depth, i as u64 + 1)
-                        .map(|t| args.gen as f64 / t)
-                })
-                .collect::<Result<_, _>>()?;
-            tg = Some(Summary::of(s));
-        }
-        // A tg pass at the middle of its run reads this much KV.
-        let kv_bytes = model.kv_bytes_read(kv_type, depth + args.gen / 2 + 1);
+        let pp = (args.prompt > 0)
+            .then(|| {
+                tokens_per_s(
+                    model,
+                    &mut kv,
+                    time_prefill,
+                    args.prompt,
+                    args.prompt,
+                    depth,
+                    reps,
+                )
+            })
+            .transpose()?;
+        let tg = (args.gen > 0)
+            .then(|| {
+                tokens_per_s(
+                    model,
+                    &mut kv,
+                    time_decode,
+                    args.gen,
+                    args.gen.min(16),
+                    depth,
+                    reps,
+                )
+            })
+            .transpose()?;
+        // A tg pass at the middle of its run sees this many positions.
+        let seen = (depth + args.gen / 2 + 1) as u64;
+        let kv_bytes = shape.kv_read_bytes_per_seq(seen, plan_kv) as usize;
         at_depth.push((depth, pp, tg, kv_bytes));
     }
     let mut ops = Vec::new();

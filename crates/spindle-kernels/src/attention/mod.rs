@@ -25,7 +25,7 @@ mod vector;
 
 use std::ops::Range;
 
-pub use stored::{head_slice, BlockQ8, KvElem};
+pub use stored::{BlockQ8, KvElem};
 pub use vector::axpy;
 
 use crate::simd::Isa;

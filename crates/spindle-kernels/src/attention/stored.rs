@@ -1,13 +1,12 @@
 //! The element types the KV cache stores (f32, f16 and Q8_0 blocks), and
-//! their widening to f32 a head at a time, where attention reads them.
+//! how attention reads their values as f32: one at a time ([`KvElem::value`],
+//! the scalar path) or eight in a register ([`KvElem::load8`], AVX2).
 //!
 //! Widening is exact for all three (an f16 is an f32 with fewer bits; a Q8_0
 //! value is an f16 scale times an int8, whose product fits f32's mantissa),
 //! so the scalar and SIMD paths give the same values.
 
 use half::f16;
-
-use crate::simd::Isa;
 
 /// An element type of stored keys and values. A stored row of `n` values
 /// is `n / VALUES` elements.
@@ -18,8 +17,12 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     const ZERO: Self;
 
     /// The `n` values of `src` (`n / VALUES` elements) as f32, into `dst`
-    /// (`n` long).
-    fn widen(isa: Isa, src: &[Self], dst: &mut [f32]);
+    /// (`n` long). For tools and tests; attention widens in registers.
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        for (i, d) in dst.iter_mut().enumerate() {
+            *d = Self::value(src, i);
+        }
+    }
 
     /// `src` stored as elements into `dst` (`src.len() / VALUES` elements).
     fn store(src: &[f32], dst: &mut [Self]);
@@ -35,24 +38,9 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     unsafe fn load8(row: &[Self], i: usize) -> std::arch::x86_64::__m256;
 }
 
-/// The elements of a stored row that hold values `offset..offset+d` (one
-/// head), and where those values start in the elements' widened values (a
-/// block may hold parts of two heads).
-#[inline(always)]
-pub fn head_slice<E: KvElem>(row: &[E], offset: usize, d: usize) -> (&[E], usize) {
-    let first = offset / E::VALUES;
-    let last = (offset + d).div_ceil(E::VALUES);
-    (&row[first..last], offset - first * E::VALUES)
-}
-
 impl KvElem for f32 {
     const VALUES: usize = 1;
     const ZERO: f32 = 0.0;
-
-    #[inline(always)]
-    fn widen(_: Isa, src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
 
     fn store(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
@@ -75,19 +63,6 @@ impl KvElem for f32 {
 impl KvElem for f16 {
     const VALUES: usize = 1;
     const ZERO: f16 = f16::ZERO;
-
-    #[inline(always)]
-    fn widen(isa: Isa, src: &[f16], dst: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 {
-            // SAFETY: Avx2 is chosen only on CPUs with AVX2, FMA and F16C.
-            return unsafe { avx2::widen_f16(src, dst) };
-        }
-        let _ = isa;
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.to_f32();
-        }
-    }
 
     fn store(src: &[f32], dst: &mut [f16]) {
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -153,19 +128,6 @@ impl KvElem for BlockQ8 {
         qs: [0; 32],
     };
 
-    #[inline(always)]
-    fn widen(isa: Isa, src: &[BlockQ8], dst: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 {
-            // SAFETY: Avx2 is chosen only on CPUs with AVX2, FMA and F16C.
-            return unsafe { avx2::widen_q8(src, dst) };
-        }
-        let _ = isa;
-        for (b, o) in src.iter().zip(dst.chunks_exact_mut(32)) {
-            b.dequantize(o);
-        }
-    }
-
     fn store(src: &[f32], dst: &mut [BlockQ8]) {
         for (b, x) in dst.iter_mut().zip(src.chunks_exact(32)) {
             *b = BlockQ8::quantize(x);
@@ -189,57 +151,6 @@ impl KvElem for BlockQ8 {
             let q = _mm_loadl_epi64(b.qs.as_ptr().add(i % 32) as *const __m128i);
             let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
             _mm256_mul_ps(_mm256_set1_ps(b.d.to_f32()), x)
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use half::f16;
-
-    use super::BlockQ8;
-
-    /// f16 to f32, 8 at a time with F16C (exact, as the scalar path).
-    ///
-    /// # Safety
-    /// AVX2 and F16C available.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn widen_f16(src: &[f16], dst: &mut [f32]) {
-        let n = src.len().min(dst.len());
-        let full = n / 8 * 8;
-        let mut i = 0;
-        while i < full {
-            // SAFETY: i + 8 <= n for both slices; f16 is a 2-byte value.
-            unsafe {
-                let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-            }
-            i += 8;
-        }
-        for j in full..n {
-            dst[j] = src[j].to_f32();
-        }
-    }
-
-    /// Q8_0 blocks to f32: each int8 widened and multiplied by the block's
-    /// scale (exact, as the scalar path).
-    ///
-    /// # Safety
-    /// AVX2 and F16C available.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn widen_q8(src: &[BlockQ8], dst: &mut [f32]) {
-        for (b, o) in src.iter().zip(dst.chunks_exact_mut(32)) {
-            let d = _mm256_set1_ps(b.d.to_f32());
-            for t in 0..4 {
-                // SAFETY: 8 of the block's 32 bytes, into 8 of `o`'s 32 floats.
-                unsafe {
-                    let q = _mm_loadl_epi64(b.qs.as_ptr().add(8 * t) as *const __m128i);
-                    let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-                    _mm256_storeu_ps(o.as_mut_ptr().add(8 * t), _mm256_mul_ps(d, x));
-                }
-            }
         }
     }
 }

@@ -116,7 +116,7 @@ fn check_type<E: KvElem>(name: &str, d: usize) {
         rows.iter()
             .map(|r| {
                 let mut all = vec![0.0; r.len() * E::VALUES];
-                E::widen(Isa::Scalar, r, &mut all);
+                E::widen(r, &mut all);
                 all[d..2 * d].to_vec()
             })
             .collect()
@@ -211,6 +211,19 @@ fn chunked_attention_matches_reference_and_is_invariant_for_every_stored_type() 
     }
 }
 
+/// Values `i..i+8` as the AVX2 path loads them, or as the scalar path reads them.
+fn eight<E: KvElem>(isa: Isa, row: &[E], i: usize) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        let mut out = [0.0f32; 8];
+        // SAFETY: Avx2 is listed only on CPUs with AVX2 and F16C; i + 8 <= 96.
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), E::load8(row, i)) };
+        return out;
+    }
+    let _ = isa;
+    std::array::from_fn(|l| E::value(row, i + l))
+}
+
 #[test]
 fn widening_is_exact_and_the_same_on_every_path() {
     let mut rng = Rng(3);
@@ -219,21 +232,21 @@ fn widening_is_exact_and_the_same_on_every_path() {
     let mut b = vec![BlockQ8::ZERO; 3];
     BlockQ8::store(&x, &mut b);
     for isa in available_isas() {
-        let mut out = vec![0.0; 96];
-        f16::widen(isa, &h, &mut out);
-        assert!(
-            out.iter().zip(&h).all(|(o, h)| *o == h.to_f32()),
-            "{isa} f16"
-        );
-        let mut out = vec![0.0; 96];
-        BlockQ8::widen(isa, &b, &mut out);
-        for (i, o) in out.iter().enumerate() {
-            let blk = &b[i / 32];
-            assert_eq!(
-                *o,
-                blk.d.to_f32() * blk.qs[i % 32] as f32,
-                "{isa} q8_0 value {i}"
+        for i in (0..96).step_by(8) {
+            let got = eight(isa, &h, i);
+            assert!(
+                got.iter().zip(&h[i..]).all(|(o, h)| *o == h.to_f32()),
+                "{isa} f16"
             );
+            for (l, o) in eight(isa, &b, i).iter().enumerate() {
+                let blk = &b[(i + l) / 32];
+                assert_eq!(
+                    *o,
+                    blk.d.to_f32() * blk.qs[(i + l) % 32] as f32,
+                    "{isa} q8_0 value {}",
+                    i + l
+                );
+            }
         }
     }
 }

@@ -138,22 +138,23 @@ impl Model {
         };
         let per_part = group_size.div_ceil(parts);
         let parts = group_size.div_ceil(per_part);
-        // Slices of query heads: (KV head, first head, heads).
-        let slices: Vec<(usize, usize, usize)> = (0..n_kv)
+        // Slices of query heads: the first head, and the heads as a group
+        // reading their KV head.
+        let slices: Vec<(usize, HeadGroup)> = (0..n_kv)
             .flat_map(|g| {
                 (0..parts).map(move |p| {
                     let lo = p * per_part;
-                    (g, g * group_size + lo, per_part.min(group_size - lo))
+                    let group = HeadGroup {
+                        heads: per_part.min(group_size - lo),
+                        head_dim: hd,
+                        kv_offset: g * hd,
+                        scale: cfg.attn_scale,
+                        softcap: cfg.attn_softcap,
+                    };
+                    (g * group_size + lo, group)
                 })
             })
             .collect();
-        let head_group = |&(g, _, heads): &(usize, usize, usize)| HeadGroup {
-            heads,
-            head_dim: hd,
-            kv_offset: g * hd,
-            scale: cfg.attn_scale,
-            softcap: cfg.attn_softcap,
-        };
         let key_rows = |tile: &Tile, c: usize| -> (Range<usize>, Vec<&[E]>, Vec<&[E]>) {
             let span = (c * CHUNK).max(tile.seen.start)..((c + 1) * CHUNK).min(tile.seen.end);
             let table = kv.block_table(tile.seq, layer);
@@ -189,12 +190,11 @@ impl Model {
         // One chunk's partials for every row of a tile, `rows.len() *
         // partial_len` floats.
         let partials = |tile: &Tile,
-                        slice: &(usize, usize, usize),
+                        (head0, group): &(usize, HeadGroup),
                         c: usize,
                         scratch: &mut ChunkScratch,
                         dst: &mut [f32]| {
             let (span, ks, vs) = key_rows(tile, c);
-            let (_, head0, heads) = *slice;
             let rows: Vec<TileRow<'_>> = tile
                 .rows
                 .clone()
@@ -204,7 +204,7 @@ impl Model {
                     let hi = (pos + 1).min(span.end);
                     let q_at = (i * cfg.n_head + head0) * hd;
                     TileRow {
-                        q: &q[q_at..q_at + heads * hd],
+                        q: &q[q_at..q_at + group.heads * hd],
                         keys: if lo < hi {
                             lo - span.start..hi - span.start
                         } else {
@@ -213,19 +213,18 @@ impl Model {
                     }
                 })
                 .collect();
-            chunk_partials(self.isa, &head_group(slice), &rows, &ks, &vs, scratch, dst);
+            chunk_partials(self.isa, group, &rows, &ks, &vs, scratch, dst);
         };
         let out_heads = DisjointChunks::new(out, hd);
-        let write_out = |tile: &Tile, slice: &(usize, usize, usize), states: &[f32]| {
-            let group = head_group(slice);
-            let mut dst = vec![0.0f32; slice.2 * hd];
+        let write_out = |tile: &Tile, (head0, group): &(usize, HeadGroup), states: &[f32]| {
+            let mut dst = vec![0.0f32; group.heads * hd];
             for (i, state) in tile
                 .rows
                 .clone()
                 .zip(states.chunks_exact(group.partial_len()))
             {
-                finish(&group, state, &mut dst);
-                for (h, src) in (slice.1..slice.1 + slice.2).zip(dst.chunks_exact(hd)) {
+                finish(group, state, &mut dst);
+                for (h, src) in (*head0..head0 + group.heads).zip(dst.chunks_exact(hd)) {
                     // SAFETY: head h of row i belongs to this tile and slice alone.
                     unsafe { out_heads.chunk_mut(i * cfg.n_head + h) }.copy_from_slice(src);
                 }
@@ -249,13 +248,12 @@ impl Model {
         if !split_chunks {
             for_each_task(&self.pool, tiles.len() * slices.len(), |t| {
                 let (tile, slice) = (&tiles[t / slices.len()], &slices[t % slices.len()]);
-                let group = head_group(slice);
-                let mut states = new_states(tile, &group);
+                let mut states = new_states(tile, &slice.1);
                 let mut part = vec![0.0f32; states.len()];
                 let mut scratch = ChunkScratch::default();
                 for c in tile.chunks() {
                     partials(tile, slice, c, &mut scratch, &mut part);
-                    fold_all(&group, &mut states, &part);
+                    fold_all(&slice.1, &mut states, &part);
                 }
                 write_out(tile, slice, &states);
             });
@@ -263,27 +261,25 @@ impl Model {
         }
 
         // Every (tile, slice, chunk) item computes into its own place, then
-        // each (tile, slice) folds its chunks in position order.
-        let mut offsets = Vec::with_capacity(tiles.len() * slices.len() + 1);
+        // each (tile, slice) folds its chunks in position order. Items of
+        // one (tile, slice) are consecutive, from `first_item[t]`.
         let mut items: Vec<(usize, usize, usize)> = Vec::new();
-        let mut total = 0;
+        let mut first_item = Vec::with_capacity(tiles.len() * slices.len() + 1);
         for (ti, tile) in tiles.iter().enumerate() {
-            for (si, slice) in slices.iter().enumerate() {
-                offsets.push(items.len());
-                let plen = head_group(slice).partial_len() * tile.rows.len();
-                for c in tile.chunks() {
-                    items.push((ti, si, c));
-                    total += plen;
-                }
+            for si in 0..slices.len() {
+                first_item.push(items.len());
+                items.extend(tile.chunks().map(|c| (ti, si, c)));
             }
         }
-        offsets.push(items.len());
-        let mut buf = vec![0.0f32; total];
+        first_item.push(items.len());
+        let len_of = |&(ti, si, _): &(usize, usize, usize)| {
+            slices[si].1.partial_len() * tiles[ti].rows.len()
+        };
+        let mut buf = vec![0.0f32; items.iter().map(len_of).sum()];
         let mut places = Vec::with_capacity(items.len());
         let mut rest = &mut buf[..];
-        for &(ti, si, _) in &items {
-            let len = head_group(&slices[si]).partial_len() * tiles[ti].rows.len();
-            let (here, tail) = rest.split_at_mut(len);
+        for item in &items {
+            let (here, tail) = rest.split_at_mut(len_of(item));
             places.push(std::sync::Mutex::new(here));
             rest = tail;
         }
@@ -300,11 +296,10 @@ impl Model {
         });
         for_each_task(&self.pool, tiles.len() * slices.len(), |t| {
             let (tile, slice) = (&tiles[t / slices.len()], &slices[t % slices.len()]);
-            let group = head_group(slice);
-            let mut states = new_states(tile, &group);
-            for place in &places[offsets[t]..offsets[t + 1]] {
+            let mut states = new_states(tile, &slice.1);
+            for place in &places[first_item[t]..first_item[t + 1]] {
                 let part = place.lock().unwrap_or_else(|p| p.into_inner());
-                fold_all(&group, &mut states, &part);
+                fold_all(&slice.1, &mut states, &part);
             }
             write_out(tile, slice, &states);
         });
@@ -330,7 +325,7 @@ fn tiles(batch: &Batch, plans: &[RowPlan], first_visible: impl Fn(usize) -> usiz
             seq: row.seq,
             ctx_len: plan.ctx_len,
             chain,
-            seen: first_visible(row.pos).min(plan.ctx_len)..row.pos + 1,
+            seen: first_visible(row.pos)..row.pos + 1,
         });
     }
     tiles

@@ -228,22 +228,6 @@ impl Model {
         KvCache::new(self.kv_layout(ty, max_len, max_seqs))
     }
 
-    /// Bytes of keys and values one decode row reads at position `pos`
-    /// (every layer's visible window of `pos + 1` positions, K and V).
-    pub fn kv_bytes_read(&self, ty: KvType, pos: usize) -> usize {
-        let cfg = &self.config;
-        let row = ty.row_bytes(cfg.kv_dim());
-        (0..cfg.n_layers)
-            .map(|l| {
-                let seen = match cfg.sliding_window.filter(|_| cfg.layer_sliding[l]) {
-                    Some(w) => (pos + 1).min(w),
-                    None => pos + 1,
-                };
-                2 * seen * row
-            })
-            .sum()
-    }
-
     /// The KV type that keeps this model's accuracy: f32 for float32 weights
     /// (reference models), f16 otherwise.
     pub fn default_kv_type(&self) -> KvType {

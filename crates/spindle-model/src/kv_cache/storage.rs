@@ -6,7 +6,6 @@ use std::ops::Range;
 use half::f16;
 pub use spindle_kernels::attention::BlockQ8;
 use spindle_kernels::attention::KvElem;
-use spindle_kernels::simd::Isa;
 
 /// Element type of stored keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,11 +143,7 @@ fn store<E: KvElem>(dst: &mut [E], at: usize, src: &[f32]) {
 
 /// The values `range` (whole elements) widened to f32 into `out`.
 fn widen<E: KvElem>(src: &[E], range: Range<usize>, out: &mut [f32]) {
-    E::widen(
-        Isa::Scalar,
-        &src[range.start / E::VALUES..range.end / E::VALUES],
-        out,
-    );
+    E::widen(&src[range.start / E::VALUES..range.end / E::VALUES], out);
 }
 
 #[cfg(test)]
