@@ -304,6 +304,15 @@ fn avx2_multi<T: multi_row::MultiRow>() -> QuantMulti {
     }
 }
 
+/// The VNNI multi-row kernel of quantized type `T`.
+#[cfg(target_arch = "x86_64")]
+fn vnni_multi<T: multi_row::MultiRow>() -> QuantMulti {
+    QuantMulti {
+        pack: Some(multi_row::pack_acts_vnni::<T>),
+        range: multi_row::range_vnni::<T>,
+    }
+}
+
 /// The row kernels for a weight type on an ISA. Callers have checked that the
 /// ISA is available, which is what makes calling the returned functions sound.
 fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
@@ -346,6 +355,25 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
             GgmlType::Q4_K => Kernel::Quant(b32, q4_k::avx2::rows, avx2_multi::<Q4K>()),
             GgmlType::Q5_K => Kernel::Quant(b32, q5_k::avx2::rows, avx2_multi::<Q5K>()),
             GgmlType::Q6_K => Kernel::Quant(b32, q6_k::avx2::rows, avx2_multi::<Q6K>()),
+        }),
+        // One-row (decode) kernels are memory-bound and the AVX2 ones reach the
+        // bandwidth already; the multi-row kernels multiply with VNNI.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => Ok(match kernel_for(ty, Isa::Avx2)? {
+            Kernel::Quant(format, rows, _) => Kernel::Quant(
+                format,
+                rows,
+                match ty {
+                    GgmlType::Q8_0 => vnni_multi::<Q8_0>(),
+                    GgmlType::Q4_0 => vnni_multi::<Q4_0>(),
+                    GgmlType::Q5_0 => vnni_multi::<Q5_0>(),
+                    GgmlType::Q4_K => vnni_multi::<Q4K>(),
+                    GgmlType::Q5_K => vnni_multi::<Q5K>(),
+                    GgmlType::Q6_K => vnni_multi::<Q6K>(),
+                    _ => return Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
+                },
+            ),
+            float => float,
         }),
         #[allow(unreachable_patterns)]
         _ => Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),

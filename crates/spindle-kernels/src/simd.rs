@@ -1,6 +1,6 @@
 //! Instruction-set selection and the small SIMD helpers shared by the kernels.
 //!
-//! The ISA is detected once at run time. `SPINDLE_ISA=scalar|avx2|auto` overrides
+//! The ISA is detected once at run time. `SPINDLE_ISA=scalar|avx2|avx512vnni|auto` overrides
 //! the choice; asking for an ISA this CPU lacks (or an unknown name) prints one
 //! warning on stderr and falls back to the best ISA available.
 //!
@@ -26,6 +26,9 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
+    /// AVX2 plus AVX-512 F/BW/VL and VNNI: the multi-row quantized kernels
+    /// multiply with `vpdpbusd zmm`; everything else runs the AVX2 code.
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -34,7 +37,14 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
         }
+    }
+
+    /// Whether the path runs the AVX2 kernels (where it has no wider ones of
+    /// its own).
+    pub fn uses_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
     }
 
     /// Whether this CPU can run the path.
@@ -42,6 +52,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => has_avx2(),
+            Isa::Avx512Vnni => has_avx2() && has_avx512vnni(),
         }
     }
 
@@ -49,6 +60,7 @@ impl Isa {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(Isa::Scalar),
             "avx2" => Some(Isa::Avx2),
+            "avx512vnni" => Some(Isa::Avx512Vnni),
             _ => None,
         }
     }
@@ -75,9 +87,28 @@ fn has_avx2() -> bool {
     false
 }
 
+#[cfg(target_arch = "x86_64")]
+fn has_avx512vnni() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx512vnni() -> bool {
+    false
+}
+
+/// Every ISA path Spindle has, whether or not this CPU can run it.
+pub const ALL_ISAS: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+
 /// Every ISA path this CPU can run, best last.
 pub fn available_isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2]
+    ALL_ISAS
         .into_iter()
         .filter(|isa| isa.is_available())
         .collect()
@@ -109,7 +140,7 @@ pub fn detected_isa() -> Isa {
             }
             None => {
                 eprintln!(
-                    "warning: SPINDLE_ISA={value} is not one of scalar, avx2, auto; using {best}"
+                    "warning: SPINDLE_ISA={value} is not one of scalar, avx2, avx512vnni, auto; using {best}"
                 );
                 best
             }

@@ -30,7 +30,7 @@ pub(super) fn scores<E: KvElem>(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && fits_avx2(group) {
+    if isa.uses_avx2() && fits_avx2(group) {
         // SAFETY: Avx2 is chosen only on CPUs with AVX2, FMA and F16C; the
         // head's values lie in every row (checked by the slicing below).
         return unsafe { avx2::scores(group, q, keys, values, out) };
@@ -60,7 +60,7 @@ pub(super) fn values<E: KvElem>(
     part: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && fits_avx2(group) {
+    if isa.uses_avx2() && fits_avx2(group) {
         // SAFETY: as in `scores`.
         return unsafe { avx2::values(group, p, values, part) };
     }

@@ -214,7 +214,7 @@ fn chunked_attention_matches_reference_and_is_invariant_for_every_stored_type() 
 /// Values `i..i+8` as the AVX2 path loads them, or as the scalar path reads them.
 fn eight<E: KvElem>(isa: Isa, row: &[E], i: usize) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.uses_avx2() {
         let mut out = [0.0f32; 8];
         // SAFETY: Avx2 is listed only on CPUs with AVX2 and F16C; i + 8 <= 96.
         unsafe { std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), E::load8(row, i)) };

@@ -8,7 +8,7 @@ use crate::simd::Isa;
 #[inline]
 pub fn axpy(isa: Isa, w: f32, v: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.uses_avx2() {
         // SAFETY: the caller chose Avx2 only when the CPU has AVX2 and FMA.
         return unsafe { avx2::axpy(w, v, out) };
     }

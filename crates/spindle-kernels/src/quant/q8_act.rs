@@ -129,7 +129,9 @@ impl QuantizedActs {
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX2 availability was checked above.
-            Isa::Avx2 => unsafe { avx2::quantize_blocks(x, &mut self.qs, &mut self.d, bl) },
+            Isa::Avx2 | Isa::Avx512Vnni => unsafe {
+                avx2::quantize_blocks(x, &mut self.qs, &mut self.d, bl)
+            },
             _ => {
                 for ((xb, qb), d) in x
                     .chunks_exact(bl)

@@ -128,6 +128,9 @@ pub(crate) struct ActGroup {
     pub corr: [i32; 8],
     /// `KMin`: the block sums as f32.
     pub asum: [f32; 8],
+    /// `Q6` on the VNNI path: `128 * sum` of values 0..16 (`[0]`) and 16..32
+    /// (`[1]`) of each block, taken off the dots of the offset weights.
+    pub hcorr: [[i32; 8]; 2],
 }
 
 impl ActGroup {
@@ -136,6 +139,7 @@ impl ActGroup {
         d: [0.0; 8],
         corr: [0; 8],
         asum: [0.0; 8],
+        hcorr: [[0; 8]; 2],
     };
 }
 
@@ -290,6 +294,11 @@ pub(crate) fn packed_row_bytes(cols: usize) -> usize {
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::{pack_acts, range_avx2, store_group, store_vertical};
 
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use vnni::{pack_acts_vnni, range_vnni};
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use crate::simd::{tree8, Isa};
@@ -381,7 +390,7 @@ mod avx2 {
     /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn tree8_x8(v: &[__m256; 8]) -> __m256 {
+    pub(crate) unsafe fn tree8_x8(v: &[__m256; 8]) -> __m256 {
         // h = l[0..4] + l[4..8] of v[2k] (low half) and v[2k + 1] (high).
         let mut h = [_mm256_setzero_ps(); 4];
         for (k, h) in h.iter_mut().enumerate() {
@@ -458,6 +467,21 @@ mod avx2 {
     /// AVX2, FMA and F16C available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn pack_acts<T: MultiRow>(acts: &QuantizedActs, out: &mut Vec<ActGroup>) {
+        unsafe { pack_acts_offset::<T>(acts, out, T::OFFSET) }
+    }
+
+    /// [`pack_acts`] with the weights' values taken as `u - offset`: `corr`
+    /// is `offset * bsum` and, for `Q6` with `offset != 0`, `hcorr` holds
+    /// `offset` times the 16-value half sums.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn pack_acts_offset<T: MultiRow>(
+        acts: &QuantizedActs,
+        out: &mut Vec<ActGroup>,
+        offset: i32,
+    ) {
         unsafe {
             let nb = acts.cols() / 32;
             let ng = nb.div_ceil(8);
@@ -472,12 +496,20 @@ mod avx2 {
                             // In bounds: `a.qs` holds `nb` blocks of 32.
                             *vj = load_256(a.qs.as_ptr().add(32 * b).cast());
                             ag.d[j] = a.d[b];
-                            ag.corr[j] = T::OFFSET * a.bsums[b] as i32;
+                            ag.corr[j] = offset * a.bsums[b] as i32;
                             ag.asum[j] = a.bsums[b] as f32;
+                            if matches!(T::FOLD, Fold::Q6) && offset != 0 {
+                                for (h, hc) in ag.hcorr.iter_mut().enumerate() {
+                                    let half = &a.qs[32 * b + 16 * h..32 * b + 16 * h + 16];
+                                    hc[j] = offset * half.iter().map(|&q| q as i32).sum::<i32>();
+                                }
+                            }
                         } else {
                             ag.d[j] = 0.0;
                             ag.corr[j] = 0;
                             ag.asum[j] = 0.0;
+                            ag.hcorr[0][j] = 0;
+                            ag.hcorr[1][j] = 0;
                         }
                     }
                     store_group(&v, nb - 8 * g, ag.qs.as_mut_ptr().cast());

@@ -1,0 +1,474 @@
+//! The AVX-512 VNNI multi-row micro-kernel.
+//!
+//! Weights use the AVX2 packing ([`WGroup`]): step `k` of a group holds
+//! values `4k..4k+4` of block `j` in 32-bit lane `j`, which is exactly the
+//! operand shape of `vpdpbusd` (four u8 x i8 products summed into each int32
+//! lane). Activations are packed two rows at a time ([`ActPair`]): step `k`
+//! of rows `c` and `c + 1` side by side in one 512-bit vector. A weight step
+//! broadcast to both halves and dotted with it gives the 8 block dots of
+//! both (weight row, activation row) pairs at once, so the integer sums need
+//! no reduction and the float fold runs on full registers.
+//!
+//! There is no int16 stage, so no saturation to steer around: signed weight
+//! types (Q8_0, Q6_K) are dotted as `u = s + 128`, and the offset times the
+//! activations' sum is taken off by starting the accumulators at its
+//! negation, as for the offset types (Q4_0, Q5_0).
+//!
+//! # Bit-identical to the other paths
+//!
+//! The integer block dots are exact, and each is folded into lane `b % 8` by
+//! the same float operations as on the AVX2 path (`fold_scaled`,
+//! `fold_scaled_min`, in block order), two (weight row, activation row)
+//! pairs per 512-bit register; the lanes are reduced with the same
+//! `tree8_x8`.
+
+use super::avx2::{pack_acts_offset, tree8_x8};
+use super::{act_chunk_rows, with_buffer, ActGroup, Fold, MultiRow, QuantJob, WGroup};
+use super::{MR, WTILE};
+use crate::quant::q8_act::QuantizedActs;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ptr::addr_of;
+
+/// One group (8 blocks) of two activation rows, interleaved for the VNNI
+/// kernel. Lanes `0..8` of each 16-lane array belong to the first row,
+/// `8..16` to the second.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct ActPair {
+    /// Step `k` of the first row at bytes `64k..64k + 32`, of the second at
+    /// `64k + 32..64k + 64`.
+    qs: [i8; 512],
+    /// Block scales.
+    d: [f32; 16],
+    /// `Block32`: `-offset * bsum`, where the kernel's integer sum of block
+    /// `j` sits (lane `j`; lane `2j` in the half layout, the odd lanes 0).
+    init: [i32; 16],
+    /// `KMin`: the block sums as f32.
+    asum: [f32; 16],
+    /// `Q6`: `-128 *` the half sums of values 0..16 (`[0]`) and 16..32.
+    hinit: [[i32; 16]; 2],
+}
+
+// The pairs are stored in the `Vec<ActGroup>` that `matmul` keeps per
+// thread: two groups' room holds one pair.
+const _: () = assert!(std::mem::size_of::<ActPair>() == 2 * std::mem::size_of::<ActGroup>());
+const _: () = assert!(std::mem::align_of::<ActPair>() <= std::mem::align_of::<ActGroup>());
+
+thread_local! {
+    /// Activations packed one row at a time, before pairing.
+    static SINGLE: RefCell<Vec<ActGroup>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The offset that makes a type's packed values unsigned for `vpdpbusd`:
+/// signed types are stored as `s + 128`; the others already are `value +
+/// OFFSET`.
+const fn offset<T: MultiRow>() -> i32 {
+    if T::SIGNED {
+        128
+    } else {
+        T::OFFSET
+    }
+}
+
+/// Packs every activation row for the VNNI kernels of `T`: pair `p` (rows
+/// `2p`, `2p + 1`; a missing last row is zero) group `g` is `ActPair` number
+/// `p * ng + g` of `out`.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn pack_acts_vnni<T: MultiRow>(acts: &QuantizedActs, out: &mut Vec<ActGroup>) {
+    unsafe {
+        let nb = acts.cols() / 32;
+        let ng = nb.div_ceil(8);
+        let pairs = acts.n().div_ceil(2);
+        SINGLE.with(|cell| {
+            let mut fresh = Vec::new();
+            let mut borrowed = cell.try_borrow_mut();
+            let single = match borrowed.as_mut() {
+                Ok(v) => &mut **v,
+                Err(_) => &mut fresh,
+            };
+            // Corrections negated: they start the accumulators.
+            pack_acts_offset::<T>(acts, single, -offset::<T>());
+            out.clear();
+            out.resize(2 * pairs * ng, ActGroup::ZERO);
+            let dst = out.as_mut_ptr().cast::<ActPair>();
+            for p in 0..pairs {
+                for g in 0..ng {
+                    // `out` holds `2 * pairs * ng` groups: room for `pairs *
+                    // ng` pairs (sizes and alignment asserted above).
+                    let o = &mut *dst.add(p * ng + g);
+                    let half = nb - 8 * g <= 4;
+                    for s in 0..2 {
+                        let row = 2 * p + s;
+                        let a = if row < acts.n() {
+                            &single[row * ng + g]
+                        } else {
+                            &ActGroup::ZERO
+                        };
+                        for k in 0..8 {
+                            o.qs[64 * k + 32 * s..64 * k + 32 * s + 32]
+                                .copy_from_slice(&a.qs[32 * k..32 * k + 32]);
+                        }
+                        for j in 0..8 {
+                            let l = 8 * s + j;
+                            o.d[l] = a.d[j];
+                            o.asum[l] = a.asum[j];
+                            o.hinit[0][l] = a.hcorr[0][j];
+                            o.hinit[1][l] = a.hcorr[1][j];
+                            o.init[l] = 0;
+                        }
+                        for j in 0..8 {
+                            let lane = if half { 2 * j } else { j };
+                            if lane < 8 {
+                                o.init[8 * s + lane] = a.corr[j];
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Packs weight row `row` into groups `out[g * stride]` for the VNNI
+/// kernel: the AVX2 packing, with signed values turned into `s + 128`.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available; `row` covers `nb`
+/// blocks (a whole row) and `out` holds `ng * stride` groups.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pack_row<T: MultiRow>(row: *const u8, nb: usize, out: *mut WGroup, stride: usize) {
+    unsafe {
+        for g in 0..nb.div_ceil(8) {
+            let wg = &mut *out.add(g * stride);
+            T::pack_group(row, g, nb, wg);
+            if T::SIGNED {
+                let flip = _mm512_set1_epi8(0x80u8 as i8);
+                for h in 0..4 {
+                    let s = _mm512_loadu_si512(wg.s.as_ptr().add(64 * h).cast());
+                    _mm512_storeu_si512(
+                        wg.u.as_mut_ptr().add(64 * h).cast(),
+                        _mm512_xor_si512(s, flip),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Activation rows per register tile: two pairs.
+const NC: usize = 4;
+
+/// The 8 floats at `p` in both halves of a 512-bit register.
+///
+/// # Safety
+/// AVX-512F available; `p..p + 8` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn twice_ps(p: *const f32) -> __m512 {
+    unsafe { _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p.cast()))) }
+}
+
+/// The 32 bytes at `p` in both halves of a 512-bit register.
+///
+/// # Safety
+/// AVX-512F available; `p..p + 32` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn twice_si(p: *const u8) -> __m512i {
+    unsafe { _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast())) }
+}
+
+/// The `R x 2P` tile of dots of packed weight rows (group `g` of row `r` at
+/// `w + g * wstride + r`) with activation pairs `a[p]` (group `g` at `a[p] +
+/// g`), over `ng` groups whose last has `last` valid blocks. Result `[r][p]`
+/// holds the 8 float lanes of pair `p`'s first row (low half) and second
+/// (high half), to be reduced with `tree8`.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available; the pointers cover
+/// `ng` groups.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
+    w: *const WGroup,
+    wstride: usize,
+    a: &[*const ActPair; P],
+    ng: usize,
+    last: usize,
+) -> [[__m512; P]; R] {
+    unsafe {
+        let q6 = matches!(T::FOLD, Fold::Q6);
+        let mut facc = [[_mm512_setzero_ps(); P]; R];
+        for g in 0..ng {
+            let mut wg = [w; R];
+            for (r, p) in wg.iter_mut().enumerate() {
+                *p = w.add(g * wstride + r);
+            }
+            let mut ag = *a;
+            for p in ag.iter_mut() {
+                *p = p.add(g);
+            }
+            let partial = g + 1 == ng && last < 8;
+            let half_layout = partial && last <= 4;
+            let nsteps = if half_layout { 4 } else { 8 };
+            // Accumulators start at the offset corrections. Q6_K (always a
+            // full group) keeps values 0..16 (steps 0..4) and 16..32 apart.
+            let mut acc = [[[_mm512_setzero_si512(); P]; R]; 2];
+            for p in 0..P {
+                let init = match T::FOLD {
+                    Fold::Block32 if offset::<T>() != 0 => {
+                        _mm512_loadu_si512(addr_of!((*ag[p]).init).cast())
+                    }
+                    _ => _mm512_setzero_si512(),
+                };
+                for r in 0..R {
+                    acc[0][r][p] = init;
+                }
+                if q6 {
+                    for h in 0..2 {
+                        let init = _mm512_loadu_si512(addr_of!((*ag[p]).hinit[h]).cast());
+                        for r in 0..R {
+                            acc[h][r][p] = init;
+                        }
+                    }
+                }
+            }
+            for k in 0..nsteps {
+                let h = if q6 { k / 4 } else { 0 };
+                let mut av = [_mm512_setzero_si512(); P];
+                for (p, v) in av.iter_mut().enumerate() {
+                    *v = _mm512_loadu_si512(addr_of!((*ag[p]).qs).cast::<u8>().add(64 * k).cast());
+                }
+                for r in 0..R {
+                    let wv = twice_si(addr_of!((*wg[r]).u).cast::<u8>().add(32 * k));
+                    for p in 0..P {
+                        acc[h][r][p] = _mm512_dpbusd_epi32(acc[h][r][p], wv, av[p]);
+                    }
+                }
+            }
+            let mut da = [_mm512_setzero_ps(); P];
+            let mut asum = [_mm512_setzero_ps(); P];
+            for p in 0..P {
+                da[p] = _mm512_loadu_ps(addr_of!((*ag[p]).d).cast());
+                if matches!(T::FOLD, Fold::KMin) {
+                    asum[p] = _mm512_loadu_ps(addr_of!((*ag[p]).asum).cast());
+                }
+            }
+            for r in 0..R {
+                let f0 = twice_ps(addr_of!((*wg[r]).f0).cast());
+                for p in 0..P {
+                    let mut isum = acc[0][r][p];
+                    if half_layout {
+                        // Each block's two partial sums (64-bit lane j) to lane j.
+                        let pairs =
+                            _mm512_add_epi32(isum, _mm512_shuffle_epi32(isum, 0b10_11_00_01));
+                        let idx =
+                            _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 8, 10, 12, 14, 8, 10, 12, 14);
+                        isum = _mm512_permutexvar_epi32(idx, pairs);
+                    }
+                    let old = facc[r][p];
+                    let new = match T::FOLD {
+                        // fma(dw * da, isum, lane), as `fold_scaled`.
+                        Fold::Block32 => {
+                            _mm512_fmadd_ps(_mm512_mul_ps(f0, da[p]), _mm512_cvtepi32_ps(isum), old)
+                        }
+                        Fold::KMin => {
+                            // As `fold_scaled_min`.
+                            let f1 = twice_ps(addr_of!((*wg[r]).f1).cast());
+                            let inner = _mm512_fmsub_ps(
+                                f0,
+                                _mm512_cvtepi32_ps(isum),
+                                _mm512_mul_ps(f1, asum[p]),
+                            );
+                            _mm512_fmadd_ps(da[p], inner, old)
+                        }
+                        Fold::Q6 => {
+                            // scale_lo * dot_lo + scale_hi * dot_hi.
+                            let mut dot = _mm512_setzero_si512();
+                            for h in 0..2 {
+                                // Lane j's int16 pair both hold block j's scale.
+                                let sc = twice_si(addr_of!((*wg[r]).sc[h]).cast());
+                                let sc = _mm512_srai_epi32(_mm512_slli_epi32(sc, 16), 16);
+                                dot = _mm512_add_epi32(dot, _mm512_mullo_epi32(sc, acc[h][r][p]));
+                            }
+                            _mm512_fmadd_ps(_mm512_mul_ps(f0, da[p]), _mm512_cvtepi32_ps(dot), old)
+                        }
+                    };
+                    facc[r][p] = if partial {
+                        // Lanes past the row's last block keep their value.
+                        let keep = (((1u32 << last) - 1) * 0x0101) as __mmask16;
+                        _mm512_mask_blend_ps(keep, old, new)
+                    } else {
+                        new
+                    };
+                }
+            }
+        }
+        facc
+    }
+}
+
+/// Runs the `R x 2P` tile at weight rows `t0..t0 + R` and activation rows
+/// `i..i + 2P` (`i` even), writing the outputs of the first `cw` activation
+/// rows.
+///
+/// # Safety
+/// As [`tile`]; `job.packed` holds the pairs of activation rows `i..i + cw`
+/// as `pack_acts_vnni` packs them; the caller owns those output elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_tile<T: MultiRow, const R: usize, const P: usize>(
+    job: &QuantJob<'_>,
+    w: *const WGroup,
+    wstride: usize,
+    t0: usize,
+    i: usize,
+    cw: usize,
+    ng: usize,
+    last: usize,
+) {
+    unsafe {
+        let pairs = job.packed.as_ptr().cast::<ActPair>();
+        let mut a = [pairs; P];
+        for (p, ptr) in a.iter_mut().enumerate() {
+            // A pair past the rows asked for repeats the last one (its
+            // results are dropped).
+            *ptr = pairs.add((i / 2 + p.min((cw - 1) / 2)) * ng);
+        }
+        let facc = tile::<T, R, P>(w, wstride, &a, ng, last);
+        // 8 lane sets at a time through `tree8_x8`.
+        let mut v = [_mm256_setzero_ps(); 8];
+        let mut who = [(0usize, 0usize); 8];
+        let mut n = 0;
+        for (r, row) in facc.iter().enumerate() {
+            for (p, &f) in row.iter().enumerate() {
+                for (s, half) in [
+                    _mm512_castps512_ps256(f),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    v[n] = half;
+                    who[n] = (r, 2 * p + s);
+                    n += 1;
+                    if n == 8 {
+                        flush(job, &v, &who, 8, t0, i, cw);
+                        n = 0;
+                    }
+                }
+            }
+        }
+        if n > 0 {
+            flush(job, &v, &who, n, t0, i, cw);
+        }
+    }
+}
+/// Reduces the first `n` lane sets of `v` (for (weight row, activation row)
+/// `who[j]` of the tile) and writes them.
+///
+/// # Safety
+/// AVX2 available; the caller owns the outputs named by `who`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn flush(
+    job: &QuantJob<'_>,
+    v: &[__m256; 8],
+    who: &[(usize, usize); 8],
+    n: usize,
+    t0: usize,
+    i: usize,
+    cw: usize,
+) {
+    unsafe {
+        let mut t = [0.0f32; 8];
+        _mm256_storeu_ps(t.as_mut_ptr(), tree8_x8(v));
+        for (j, &(r, c)) in who.iter().enumerate().take(n) {
+            if c < cw {
+                // tree8_x8's lane for input j.
+                let lane = [0, 4, 1, 5, 2, 6, 3, 7][j];
+                job.out.set((i + c) * job.rows + t0 + r, t[lane]);
+            }
+        }
+    }
+}
+
+/// VNNI: weight rows `r0..r1` x activation rows `i0..i1`, in L2-sized chunks
+/// of activation rows; against each, each tile of [`MR`] weight rows is
+/// packed once and run against the chunk [`NC`] rows at a time.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available; `job.packed` is
+/// `pack_acts_vnni::<T>` of the activations; `i0` is even; the caller owns output elements
+/// `(i, r)` for `i` in `i0..i1`, `r` in `r0..r1`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn range_vnni<T: MultiRow>(
+    job: &QuantJob<'_>,
+    r0: usize,
+    r1: usize,
+    i0: usize,
+    i1: usize,
+) {
+    unsafe {
+        let nb = job.cols / 32;
+        let ng = nb.div_ceil(8);
+        if ng == 0 {
+            return;
+        }
+        let last = nb - 8 * (ng - 1);
+        assert!(
+            job.packed.len() >= i1 * ng
+                && job.row_bytes == T::row_bytes(nb)
+                && job.data.len() >= r1 * job.row_bytes,
+            "multi-row kernel: inconsistent shapes"
+        );
+        let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
+        debug_assert!(i0 % 2 == 0 && chunk % 2 == 0, "activation pairs split");
+        with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
+            let mut c0 = i0;
+            while c0 < i1 {
+                let c1 = (c0 + chunk).min(i1);
+                let mut t0 = r0;
+                while t0 < r1 {
+                    let rt = (r1 - t0).min(MR);
+                    for r in 0..rt {
+                        let data = &job.data[..r1 * job.row_bytes];
+                        crate::quant::prefetch_row_ahead(data, t0 + r, job.row_bytes);
+                        // In bounds: checked above.
+                        let row = job.data.as_ptr().add((t0 + r) * job.row_bytes);
+                        pack_row::<T>(row, nb, buf.as_mut_ptr().add(r), rt);
+                    }
+                    let w = buf.as_ptr();
+                    let mut i = c0;
+                    while i < c1 {
+                        let ct = (c1 - i).min(NC);
+                        if ct > 2 {
+                            if rt == MR {
+                                run_tile::<T, MR, 2>(job, w, rt, t0, i, ct, ng, last);
+                            } else {
+                                for r in 0..rt {
+                                    run_tile::<T, 1, 2>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
+                                }
+                            }
+                        } else if rt == MR {
+                            run_tile::<T, MR, 1>(job, w, rt, t0, i, ct, ng, last);
+                        } else {
+                            for r in 0..rt {
+                                run_tile::<T, 1, 1>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
+                            }
+                        }
+                        i += ct;
+                    }
+                    t0 += rt;
+                }
+                c0 = c1;
+            }
+        });
+    }
+}
