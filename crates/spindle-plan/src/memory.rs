@@ -41,8 +41,8 @@ fn mul(xs: &[u64]) -> u64 {
 
 const F32: u64 = 4;
 /// Bytes of one `ActGroup` (spindle-kernels quant/multi_row.rs): 256 int8
-/// values, 8 f32 scales, 8 i32 corrections, 8 f32 sums.
-const ACT_GROUP_BYTES: u64 = 256 + 32 + 32 + 32;
+/// values, 8 f32 scales, 8 i32 corrections, 8 f32 sums, 16 i32 half sums.
+const ACT_GROUP_BYTES: u64 = 256 + 32 + 32 + 32 + 64;
 /// Bytes of one `WGroup` (same file): 256 u8 + 8 f32 + 8 f32 + 256 i8 + 32 i16.
 const W_GROUP_BYTES: u64 = 256 + 32 + 32 + 256 + 64;
 /// Weight rows per register tile of the AVX2 multi-row kernels (`MR`).
@@ -121,9 +121,10 @@ pub fn activation_terms(
             "QuantizedActs: int8 activations, scales and block sums",
             mul(&[n, widest]).saturating_add(mul(&[6, n, widest / 32])),
         ));
-        // matmul.rs PACKED: the same rows packed for the multi-row kernels.
+        // matmul.rs PACKED: the same rows packed for the multi-row kernels
+        // (the VNNI kernel packs them in pairs: an odd count is rounded up).
         let packed = if n >= 2 {
-            mul(&[n, widest.div_ceil(256), ACT_GROUP_BYTES])
+            mul(&[n.next_multiple_of(2), widest.div_ceil(256), ACT_GROUP_BYTES])
         } else {
             0
         };

@@ -186,8 +186,9 @@ fn activation_terms_by_hand() {
     assert_eq!(bytes("RowPlan.path"), 16_785_408);
     // Widest matmul input 2048 (FFN down): 2048 rows of int8 + 64 blocks * 6.
     assert_eq!(bytes("QuantizedActs"), 2048 * 2048 + 2048 * 64 * 6);
-    // 8 ActGroups of 352 bytes per row.
-    assert_eq!(bytes("PACKED"), 2048 * 8 * 352);
+    // 8 ActGroups of 416 bytes per row (256 int8, 8 scales, 8 corrections,
+    // 8 sums, 16 half sums); 2048 rows make whole pairs.
+    assert_eq!(bytes("PACKED"), 2048 * 8 * 416);
     // 2 threads * 4 rows * 8 WGroups of 640 bytes.
     assert_eq!(bytes("WTILE"), 40_960);
     // Per task (2 threads): two fold states of a 16-row tile (4 heads x
@@ -202,7 +203,7 @@ fn activation_terms_by_hand() {
     // partial of 4 heads x 258 floats and a 64-byte reference.
     assert_eq!(bytes("attention partials"), 4 * 4 * 258 * 17 + 64 * 17);
     let total: u64 = terms.iter().map(|t| t.bytes).sum();
-    assert_eq!(total, 140_137_056);
+    assert_eq!(total, 141_185_632);
     // The chunk's ancestor lists and attention scratch (16,785,408 +
     // 288,768) are gone before the decode pass's hidden rows, logits,
     // sampler and attention partials (2,560 + 1,048,576 + 3,145,728 +
@@ -215,7 +216,7 @@ fn activation_terms_by_hand() {
         &PlanRequest::new(4096, 1, KvType::F16, Device::parse("h100").unwrap()),
         &EngineProfile::cpu_with_threads(2),
     );
-    assert_eq!(p.activation_bytes, 140_137_056 - 4_268_128);
+    assert_eq!(p.activation_bytes, 141_185_632 - 4_268_128);
 }
 
 #[test]

@@ -100,6 +100,19 @@ impl<B: Block32> MultiRow for B {
     unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut super::multi_row::WGroup) {
         unsafe { avx2::pack_group::<B>(row, g, nb, out) }
     }
+
+    /// # Safety
+    /// As [`MultiRow::pack_group`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_group_unsigned(
+        row: *const u8,
+        g: usize,
+        nb: usize,
+        out: &mut super::multi_row::WGroup,
+    ) {
+        unsafe { avx2::pack_group_unsigned::<B>(row, g, nb, out) }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -166,6 +179,37 @@ pub(crate) mod avx2 {
                 }
             }
             store_group(&v, m, out.u.as_mut_ptr());
+        }
+    }
+
+    /// [`pack_group`] for the VNNI kernel: the values as one unsigned
+    /// operand (`value + OFFSET`, or `s + 128` for signed types), and the
+    /// scales.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `row` covers `nb` blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pack_group_unsigned<B: Block32>(
+        row: *const u8,
+        g: usize,
+        nb: usize,
+        out: &mut WGroup,
+    ) {
+        unsafe {
+            let flip = _mm256_set1_epi8(if B::OFFSET == 0 { 0x80u8 as i8 } else { 0 });
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (j, vj) in v.iter_mut().enumerate() {
+                let b = 8 * g + j;
+                if b < nb {
+                    let p = row.add(b * B::BYTES);
+                    *vj = _mm256_xor_si256(B::values_avx2(p), flip);
+                    out.f0[j] = half_to_f32(read_u16(p));
+                } else {
+                    out.f0[j] = 0.0;
+                }
+            }
+            store_group(&v, nb - 8 * g, out.u.as_mut_ptr());
         }
     }
 

@@ -124,6 +124,19 @@ impl MultiRow for Q6K {
     unsafe fn pack_group(row: *const u8, g: usize, _nb: usize, out: &mut super::multi_row::WGroup) {
         unsafe { avx2::pack_group(row.add(g * BLOCK_BYTES), out) }
     }
+
+    /// # Safety
+    /// As [`MultiRow::pack_group`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_group_unsigned(
+        row: *const u8,
+        g: usize,
+        _nb: usize,
+        out: &mut super::multi_row::WGroup,
+    ) {
+        unsafe { avx2::pack_group_unsigned(row.add(g * BLOCK_BYTES), out) }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -207,6 +220,36 @@ pub(crate) mod avx2 {
                 *vt = _mm256_sign_epi8(*vt, *vt);
             }
             store_vertical(&v, out.u.as_mut_ptr());
+            set_scales(bp, out);
+        }
+    }
+
+    /// [`pack_group`] for the VNNI kernel: the values `u - 32` as `s + 128`
+    /// (that is `u + 96`), `d` and the scales.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `bp..bp + BLOCK_BYTES` readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pack_group_unsigned(bp: *const u8, out: &mut WGroup) {
+        unsafe {
+            let mut v = values(bp);
+            for vt in &mut v {
+                *vt = _mm256_add_epi8(*vt, _mm256_set1_epi8(96));
+            }
+            store_vertical(&v, out.u.as_mut_ptr());
+            set_scales(bp, out);
+        }
+    }
+
+    /// `d` and the 16-value scales as int16 multipliers of the super-block
+    /// at `bp`.
+    ///
+    /// # Safety
+    /// `bp..bp + BLOCK_BYTES` readable.
+    #[inline]
+    unsafe fn set_scales(bp: *const u8, out: &mut WGroup) {
+        unsafe {
             out.f0 = [half_to_f32(read_u16(bp.add(208))); 8];
             for t in 0..8 {
                 for (h, sc) in out.sc.iter_mut().enumerate() {

@@ -168,6 +168,31 @@ pub(crate) trait MultiRow {
     /// [`row_bytes(nb)`](Self::row_bytes) bytes) and `8 * g < nb`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn pack_group(row: *const u8, g: usize, nb: usize, out: &mut WGroup);
+
+    /// Packs group `g` for the VNNI kernel: only `u`, `f0`, `f1` and `sc`
+    /// are read there, and `u` holds signed types' values as `s + 128`
+    /// (`vpdpbusd` multiplies unsigned by signed, with no saturation).
+    ///
+    /// # Safety
+    /// As [`pack_group`](Self::pack_group).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_group_unsigned(row: *const u8, g: usize, nb: usize, out: &mut WGroup) {
+        unsafe {
+            use std::arch::x86_64::*;
+            Self::pack_group(row, g, nb, out);
+            if Self::SIGNED {
+                let flip = _mm256_set1_epi8(0x80u8 as i8);
+                for k in 0..8 {
+                    let s = _mm256_loadu_si256(out.s.as_ptr().add(32 * k).cast());
+                    _mm256_storeu_si256(
+                        out.u.as_mut_ptr().add(32 * k).cast(),
+                        _mm256_xor_si256(s, flip),
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Everything a multi-row range needs: the weights, the activations (plain
@@ -335,7 +360,7 @@ mod tests {
 mod avx2 {
     use super::{act_chunk_rows, with_buffer, ActGroup, Fold, MultiRow, QuantJob, WGroup};
     use super::{MR, NR, WTILE};
-    use crate::quant::q8_act::QuantizedActs;
+    use crate::quant::q8_act::{ActRow, QuantizedActs};
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
     use std::ptr::addr_of;
@@ -489,32 +514,50 @@ mod avx2 {
             for (i, groups) in out.chunks_exact_mut(ng.max(1)).enumerate() {
                 let Some(a) = acts.row(i) else { return };
                 for (g, ag) in groups.iter_mut().enumerate() {
-                    let mut v = [_mm256_setzero_si256(); 8];
-                    for (j, vj) in v.iter_mut().enumerate() {
-                        let b = 8 * g + j;
-                        if b < nb {
-                            // In bounds: `a.qs` holds `nb` blocks of 32.
-                            *vj = load_256(a.qs.as_ptr().add(32 * b).cast());
-                            ag.d[j] = a.d[b];
-                            ag.corr[j] = offset * a.bsums[b] as i32;
-                            ag.asum[j] = a.bsums[b] as f32;
-                            if matches!(T::FOLD, Fold::Q6) && offset != 0 {
-                                for (h, hc) in ag.hcorr.iter_mut().enumerate() {
-                                    let half = &a.qs[32 * b + 16 * h..32 * b + 16 * h + 16];
-                                    hc[j] = offset * half.iter().map(|&q| q as i32).sum::<i32>();
-                                }
-                            }
-                        } else {
-                            ag.d[j] = 0.0;
-                            ag.corr[j] = 0;
-                            ag.asum[j] = 0.0;
-                            ag.hcorr[0][j] = 0;
-                            ag.hcorr[1][j] = 0;
-                        }
-                    }
-                    store_group(&v, nb - 8 * g, ag.qs.as_mut_ptr().cast());
+                    pack_act_group::<T>(a, g, offset, ag);
                 }
             }
+        }
+    }
+
+    /// Packs group `g` of activation row `a` into `ag`, as [`pack_acts_offset`].
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `8 * g` is below `a`'s block count.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn pack_act_group<T: MultiRow>(
+        a: ActRow<'_>,
+        g: usize,
+        offset: i32,
+        ag: &mut ActGroup,
+    ) {
+        unsafe {
+            let nb = a.qs.len() / 32;
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (j, vj) in v.iter_mut().enumerate() {
+                let b = 8 * g + j;
+                if b < nb {
+                    // In bounds: `a.qs` holds `nb` blocks of 32.
+                    *vj = load_256(a.qs.as_ptr().add(32 * b).cast());
+                    ag.d[j] = a.d[b];
+                    ag.corr[j] = offset * a.bsums[b] as i32;
+                    ag.asum[j] = a.bsums[b] as f32;
+                    if matches!(T::FOLD, Fold::Q6) && offset != 0 {
+                        for (h, hc) in ag.hcorr.iter_mut().enumerate() {
+                            let half = &a.qs[32 * b + 16 * h..32 * b + 16 * h + 16];
+                            hc[j] = offset * half.iter().map(|&q| q as i32).sum::<i32>();
+                        }
+                    }
+                } else {
+                    ag.d[j] = 0.0;
+                    ag.corr[j] = 0;
+                    ag.asum[j] = 0.0;
+                    ag.hcorr[0][j] = 0;
+                    ag.hcorr[1][j] = 0;
+                }
+            }
+            store_group(&v, nb - 8 * g, ag.qs.as_mut_ptr().cast());
         }
     }
 

@@ -22,12 +22,11 @@
 //! pairs per 512-bit register; the lanes are reduced with the same
 //! `tree8_x8`.
 
-use super::avx2::{pack_acts_offset, tree8_x8};
+use super::avx2::{pack_act_group, tree8_x8};
 use super::{act_chunk_rows, with_buffer, ActGroup, Fold, MultiRow, QuantJob, WGroup};
 use super::{MR, WTILE};
 use crate::quant::q8_act::QuantizedActs;
 use std::arch::x86_64::*;
-use std::cell::RefCell;
 use std::ptr::addr_of;
 
 /// One group (8 blocks) of two activation rows, interleaved for the VNNI
@@ -55,11 +54,6 @@ struct ActPair {
 const _: () = assert!(std::mem::size_of::<ActPair>() == 2 * std::mem::size_of::<ActGroup>());
 const _: () = assert!(std::mem::align_of::<ActPair>() <= std::mem::align_of::<ActGroup>());
 
-thread_local! {
-    /// Activations packed one row at a time, before pairing.
-    static SINGLE: RefCell<Vec<ActGroup>> = const { RefCell::new(Vec::new()) };
-}
-
 /// The offset that makes a type's packed values unsigned for `vpdpbusd`:
 /// signed types are stored as `s + 128`; the others already are `value +
 /// OFFSET`.
@@ -83,53 +77,43 @@ pub(crate) unsafe fn pack_acts_vnni<T: MultiRow>(acts: &QuantizedActs, out: &mut
         let nb = acts.cols() / 32;
         let ng = nb.div_ceil(8);
         let pairs = acts.n().div_ceil(2);
-        SINGLE.with(|cell| {
-            let mut fresh = Vec::new();
-            let mut borrowed = cell.try_borrow_mut();
-            let single = match borrowed.as_mut() {
-                Ok(v) => &mut **v,
-                Err(_) => &mut fresh,
-            };
-            // Corrections negated: they start the accumulators.
-            pack_acts_offset::<T>(acts, single, -offset::<T>());
-            out.clear();
-            out.resize(2 * pairs * ng, ActGroup::ZERO);
-            let dst = out.as_mut_ptr().cast::<ActPair>();
-            for p in 0..pairs {
-                for g in 0..ng {
-                    // `out` holds `2 * pairs * ng` groups: room for `pairs *
-                    // ng` pairs (sizes and alignment asserted above).
-                    let o = &mut *dst.add(p * ng + g);
-                    let half = nb - 8 * g <= 4;
-                    for s in 0..2 {
-                        let row = 2 * p + s;
-                        let a = if row < acts.n() {
-                            &single[row * ng + g]
-                        } else {
-                            &ActGroup::ZERO
-                        };
-                        for k in 0..8 {
-                            o.qs[64 * k + 32 * s..64 * k + 32 * s + 32]
-                                .copy_from_slice(&a.qs[32 * k..32 * k + 32]);
-                        }
-                        for j in 0..8 {
-                            let l = 8 * s + j;
-                            o.d[l] = a.d[j];
-                            o.asum[l] = a.asum[j];
-                            o.hinit[0][l] = a.hcorr[0][j];
-                            o.hinit[1][l] = a.hcorr[1][j];
-                            o.init[l] = 0;
-                        }
-                        for j in 0..8 {
-                            let lane = if half { 2 * j } else { j };
-                            if lane < 8 {
-                                o.init[8 * s + lane] = a.corr[j];
-                            }
+        out.clear();
+        out.resize(2 * pairs * ng, ActGroup::ZERO);
+        let dst = out.as_mut_ptr().cast::<ActPair>();
+        let mut one = ActGroup::ZERO;
+        for p in 0..pairs {
+            for g in 0..ng {
+                // `out` holds `2 * pairs * ng` groups: room for `pairs * ng`
+                // pairs (sizes and alignment asserted above).
+                let o = &mut *dst.add(p * ng + g);
+                let half = nb - 8 * g <= 4;
+                for s in 0..2 {
+                    match acts.row(2 * p + s) {
+                        // Corrections negated: they start the accumulators.
+                        Some(a) => pack_act_group::<T>(a, g, -offset::<T>(), &mut one),
+                        None => one = ActGroup::ZERO,
+                    }
+                    for k in 0..8 {
+                        o.qs[64 * k + 32 * s..64 * k + 32 * s + 32]
+                            .copy_from_slice(&one.qs[32 * k..32 * k + 32]);
+                    }
+                    for j in 0..8 {
+                        let l = 8 * s + j;
+                        o.d[l] = one.d[j];
+                        o.asum[l] = one.asum[j];
+                        o.hinit[0][l] = one.hcorr[0][j];
+                        o.hinit[1][l] = one.hcorr[1][j];
+                        o.init[l] = 0;
+                    }
+                    for j in 0..8 {
+                        let lane = if half { 2 * j } else { j };
+                        if lane < 8 {
+                            o.init[8 * s + lane] = one.corr[j];
                         }
                     }
                 }
             }
-        });
+        }
     }
 }
 
@@ -145,17 +129,7 @@ unsafe fn pack_row<T: MultiRow>(row: *const u8, nb: usize, out: *mut WGroup, str
     unsafe {
         for g in 0..nb.div_ceil(8) {
             let wg = &mut *out.add(g * stride);
-            T::pack_group(row, g, nb, wg);
-            if T::SIGNED {
-                let flip = _mm512_set1_epi8(0x80u8 as i8);
-                for h in 0..4 {
-                    let s = _mm512_loadu_si512(wg.s.as_ptr().add(64 * h).cast());
-                    _mm512_storeu_si512(
-                        wg.u.as_mut_ptr().add(64 * h).cast(),
-                        _mm512_xor_si512(s, flip),
-                    );
-                }
-            }
+            T::pack_group_unsigned(row, g, nb, wg);
         }
     }
 }
