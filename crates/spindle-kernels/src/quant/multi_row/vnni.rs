@@ -135,7 +135,7 @@ unsafe fn pack_row<T: MultiRow>(row: *const u8, nb: usize, out: *mut WGroup, str
 }
 
 /// Activation rows per register tile: two pairs.
-const NC: usize = 4;
+const NC: usize = 6;
 
 /// The 8 floats at `p` in both halves of a 512-bit register.
 ///
@@ -421,8 +421,16 @@ pub(crate) unsafe fn range_vnni<T: MultiRow>(
                     let w = buf.as_ptr();
                     let mut i = c0;
                     while i < c1 {
-                        let ct = (c1 - i).min(NC);
-                        if ct > 2 {
+                        let ct = (c1 - i).min(if matches!(T::FOLD, Fold::Q6) { 4 } else { NC });
+                        if ct > 4 {
+                            if rt == MR {
+                                run_tile::<T, MR, 3>(job, w, rt, t0, i, ct, ng, last);
+                            } else {
+                                for r in 0..rt {
+                                    run_tile::<T, 1, 3>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
+                                }
+                            }
+                        } else if ct > 2 {
                             if rt == MR {
                                 run_tile::<T, MR, 2>(job, w, rt, t0, i, ct, ng, last);
                             } else {
