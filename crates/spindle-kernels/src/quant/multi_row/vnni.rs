@@ -168,6 +168,8 @@ unsafe fn twice_si(p: *const u8) -> __m512i {
 /// `ng` groups.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+// Indexed loops over the register tile read as the tile's coordinates.
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
     w: *const WGroup,
     wstride: usize,
@@ -403,7 +405,10 @@ pub(crate) unsafe fn range_vnni<T: MultiRow>(
             "multi-row kernel: inconsistent shapes"
         );
         let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
-        debug_assert!(i0 % 2 == 0 && chunk % 2 == 0, "activation pairs split");
+        debug_assert!(
+            i0.is_multiple_of(2) && chunk.is_multiple_of(2),
+            "activation pairs split"
+        );
         with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
             let mut c0 = i0;
             while c0 < i1 {
