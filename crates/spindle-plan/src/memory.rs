@@ -40,9 +40,12 @@ fn mul(xs: &[u64]) -> u64 {
 }
 
 const F32: u64 = 4;
-/// Bytes of one `ActGroup` (spindle-kernels quant/multi_row.rs): 256 int8
-/// values, 8 f32 scales, 8 i32 corrections, 8 f32 sums, 16 i32 half sums.
-const ACT_GROUP_BYTES: u64 = 256 + 32 + 32 + 32 + 64;
+/// Bytes of one `ActPair` (spindle-kernels quant/multi_row/vnni.rs): a group
+/// of 8 blocks of two activation rows, 512 int8 values, 16 f32 scales, 16
+/// i32 corrections, 16 f32 sums, 32 i32 half sums. The AVX2 path's
+/// `ActGroup` (one row: 256 + 3 * 32 bytes) takes less; the planner counts
+/// the larger.
+const ACT_PAIR_BYTES: u64 = 512 + 64 + 64 + 64 + 128;
 /// Bytes of one `WGroup` (same file): 256 u8 + 8 f32 + 8 f32 + 256 i8 + 32 i16.
 const W_GROUP_BYTES: u64 = 256 + 32 + 32 + 256 + 64;
 /// Weight rows per register tile of the AVX2 multi-row kernels (`MR`).
@@ -121,14 +124,14 @@ pub fn activation_terms(
             "QuantizedActs: int8 activations, scales and block sums",
             mul(&[n, widest]).saturating_add(mul(&[6, n, widest / 32])),
         ));
-        // matmul.rs PACKED: the same rows packed for the multi-row kernels
-        // (the VNNI kernel packs them in pairs: an odd count is rounded up).
+        // matmul.rs PACKED: the same rows packed for the multi-row kernels,
+        // in pairs on the VNNI path.
         let packed = if n >= 2 {
-            mul(&[n.next_multiple_of(2), widest.div_ceil(256), ACT_GROUP_BYTES])
+            mul(&[n.div_ceil(2), widest.div_ceil(256), ACT_PAIR_BYTES])
         } else {
             0
         };
-        terms.push(("PACKED: activations packed as ActGroups", packed));
+        terms.push(("PACKED: activations packed as ActPairs (VNNI) or ActGroups", packed));
         // quant/multi_row.rs WTILE: a tile of packed weight rows per thread.
         terms.push((
             "WTILE: packed weight tile per thread",

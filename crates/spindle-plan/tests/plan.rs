@@ -186,9 +186,9 @@ fn activation_terms_by_hand() {
     assert_eq!(bytes("RowPlan.path"), 16_785_408);
     // Widest matmul input 2048 (FFN down): 2048 rows of int8 + 64 blocks * 6.
     assert_eq!(bytes("QuantizedActs"), 2048 * 2048 + 2048 * 64 * 6);
-    // 8 ActGroups of 416 bytes per row (256 int8, 8 scales, 8 corrections,
-    // 8 sums, 16 half sums); 2048 rows make whole pairs.
-    assert_eq!(bytes("PACKED"), 2048 * 8 * 416);
+    // 8 ActPairs of 832 bytes (512 int8, 16 scales, 16 corrections, 16
+    // sums, 32 half sums) per pair of rows.
+    assert_eq!(bytes("PACKED"), 1024 * 8 * 832);
     // 2 threads * 4 rows * 8 WGroups of 640 bytes.
     assert_eq!(bytes("WTILE"), 40_960);
     // Per task (2 threads): two fold states of a 16-row tile (4 heads x

@@ -128,9 +128,6 @@ pub(crate) struct ActGroup {
     pub corr: [i32; 8],
     /// `KMin`: the block sums as f32.
     pub asum: [f32; 8],
-    /// `Q6` on the VNNI path: `128 * sum` of values 0..16 (`[0]`) and 16..32
-    /// (`[1]`) of each block, taken off the dots of the offset weights.
-    pub hcorr: [[i32; 8]; 2],
 }
 
 impl ActGroup {
@@ -139,7 +136,6 @@ impl ActGroup {
         d: [0.0; 8],
         corr: [0; 8],
         asum: [0.0; 8],
-        hcorr: [[0; 8]; 2],
     };
 }
 
@@ -496,8 +492,7 @@ mod avx2 {
     }
 
     /// [`pack_acts`] with the weights' values taken as `u - offset`: `corr`
-    /// is `offset * bsum` and, for `Q6` with `offset != 0`, `hcorr` holds
-    /// `offset` times the 16-value half sums.
+    /// is `offset * bsum`.
     ///
     /// # Safety
     /// AVX2, FMA and F16C available.
@@ -514,7 +509,7 @@ mod avx2 {
             for (i, groups) in out.chunks_exact_mut(ng.max(1)).enumerate() {
                 let Some(a) = acts.row(i) else { return };
                 for (g, ag) in groups.iter_mut().enumerate() {
-                    pack_act_group::<T>(a, g, offset, ag);
+                    pack_act_group(a, g, offset, ag);
                 }
             }
         }
@@ -526,12 +521,7 @@ mod avx2 {
     /// AVX2, FMA and F16C available; `8 * g` is below `a`'s block count.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn pack_act_group<T: MultiRow>(
-        a: ActRow<'_>,
-        g: usize,
-        offset: i32,
-        ag: &mut ActGroup,
-    ) {
+    pub(crate) unsafe fn pack_act_group(a: ActRow<'_>, g: usize, offset: i32, ag: &mut ActGroup) {
         unsafe {
             let nb = a.qs.len() / 32;
             let mut v = [_mm256_setzero_si256(); 8];
@@ -543,18 +533,10 @@ mod avx2 {
                     ag.d[j] = a.d[b];
                     ag.corr[j] = offset * a.bsums[b] as i32;
                     ag.asum[j] = a.bsums[b] as f32;
-                    if matches!(T::FOLD, Fold::Q6) && offset != 0 {
-                        for (h, hc) in ag.hcorr.iter_mut().enumerate() {
-                            let half = &a.qs[32 * b + 16 * h..32 * b + 16 * h + 16];
-                            hc[j] = offset * half.iter().map(|&q| q as i32).sum::<i32>();
-                        }
-                    }
                 } else {
                     ag.d[j] = 0.0;
                     ag.corr[j] = 0;
                     ag.asum[j] = 0.0;
-                    ag.hcorr[0][j] = 0;
-                    ag.hcorr[1][j] = 0;
                 }
             }
             store_group(&v, nb - 8 * g, ag.qs.as_mut_ptr().cast());

@@ -25,7 +25,7 @@
 use super::avx2::{pack_act_group, tree8_x8};
 use super::{act_chunk_rows, with_buffer, ActGroup, Fold, MultiRow, QuantJob, WGroup};
 use super::{MR, WTILE};
-use crate::quant::q8_act::QuantizedActs;
+use crate::quant::q8_act::{ActRow, QuantizedActs};
 use std::arch::x86_64::*;
 use std::ptr::addr_of;
 
@@ -50,9 +50,30 @@ struct ActPair {
 }
 
 // The pairs are stored in the `Vec<ActGroup>` that `matmul` keeps per
-// thread: two groups' room holds one pair.
-const _: () = assert!(std::mem::size_of::<ActPair>() == 2 * std::mem::size_of::<ActGroup>());
+// thread, as many groups as cover their bytes.
 const _: () = assert!(std::mem::align_of::<ActPair>() <= std::mem::align_of::<ActGroup>());
+
+/// `ActGroup`s that hold `pairs` pairs.
+fn room(pairs: usize) -> usize {
+    (pairs * std::mem::size_of::<ActPair>()).div_ceil(std::mem::size_of::<ActGroup>())
+}
+
+/// `offset` times the sums of values 0..16 and 16..32 of the blocks of
+/// group `g` of `a` (zero past the row's end).
+fn half_sums(a: ActRow<'_>, g: usize, offset: i32) -> [[i32; 8]; 2] {
+    let nb = a.qs.len() / 32;
+    let mut out = [[0; 8]; 2];
+    for j in 0..8 {
+        let b = 8 * g + j;
+        if b < nb {
+            for (h, o) in out.iter_mut().enumerate() {
+                let half = &a.qs[32 * b + 16 * h..32 * b + 16 * h + 16];
+                o[j] = offset * half.iter().map(|&q| q as i32).sum::<i32>();
+            }
+        }
+    }
+    out
+}
 
 /// The offset that makes a type's packed values unsigned for `vpdpbusd`:
 /// signed types are stored as `s + 128`; the others already are `value +
@@ -72,25 +93,32 @@ const fn offset<T: MultiRow>() -> i32 {
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)]
 pub(crate) unsafe fn pack_acts_vnni<T: MultiRow>(acts: &QuantizedActs, out: &mut Vec<ActGroup>) {
     unsafe {
         let nb = acts.cols() / 32;
         let ng = nb.div_ceil(8);
         let pairs = acts.n().div_ceil(2);
         out.clear();
-        out.resize(2 * pairs * ng, ActGroup::ZERO);
+        out.resize(room(pairs * ng), ActGroup::ZERO);
         let dst = out.as_mut_ptr().cast::<ActPair>();
         let mut one = ActGroup::ZERO;
         for p in 0..pairs {
             for g in 0..ng {
-                // `out` holds `2 * pairs * ng` groups: room for `pairs * ng`
-                // pairs (sizes and alignment asserted above).
+                // `out` has room for `pairs * ng` pairs (and their alignment,
+                // asserted above).
                 let o = &mut *dst.add(p * ng + g);
                 let half = nb - 8 * g <= 4;
                 for s in 0..2 {
+                    let mut hsum = [[0; 8]; 2];
                     match acts.row(2 * p + s) {
                         // Corrections negated: they start the accumulators.
-                        Some(a) => pack_act_group::<T>(a, g, -offset::<T>(), &mut one),
+                        Some(a) => {
+                            pack_act_group(a, g, -offset::<T>(), &mut one);
+                            if matches!(T::FOLD, Fold::Q6) {
+                                hsum = half_sums(a, g, -offset::<T>());
+                            }
+                        }
                         None => one = ActGroup::ZERO,
                     }
                     for k in 0..8 {
@@ -101,8 +129,8 @@ pub(crate) unsafe fn pack_acts_vnni<T: MultiRow>(acts: &QuantizedActs, out: &mut
                         let l = 8 * s + j;
                         o.d[l] = one.d[j];
                         o.asum[l] = one.asum[j];
-                        o.hinit[0][l] = one.hcorr[0][j];
-                        o.hinit[1][l] = one.hcorr[1][j];
+                        o.hinit[0][l] = hsum[0][j];
+                        o.hinit[1][l] = hsum[1][j];
                         o.init[l] = 0;
                     }
                     for j in 0..8 {
@@ -399,7 +427,7 @@ pub(crate) unsafe fn range_vnni<T: MultiRow>(
         }
         let last = nb - 8 * (ng - 1);
         assert!(
-            job.packed.len() >= i1 * ng
+            job.packed.len() >= room(i1.div_ceil(2) * ng)
                 && job.row_bytes == T::row_bytes(nb)
                 && job.data.len() >= r1 * job.row_bytes,
             "multi-row kernel: inconsistent shapes"
