@@ -356,13 +356,20 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
             GgmlType::Q5_K => Kernel::Quant(b32, q5_k::avx2::rows, avx2_multi::<Q5K>()),
             GgmlType::Q6_K => Kernel::Quant(b32, q6_k::avx2::rows, avx2_multi::<Q6K>()),
         }),
-        // One-row (decode) kernels are memory-bound and the AVX2 ones reach the
-        // bandwidth already; the multi-row kernels multiply with VNNI.
+        // The multi-row kernels multiply with `vpdpbusd zmm`; the one-row
+        // kernels of the 32-value block types with `vpdpbusd ymm` (the
+        // Q8_0 head turns compute-bound above ~45 GB/s on two AVX2 cores);
+        // the K-quant one-row kernels stay AVX2.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => Ok(match kernel_for(ty, Isa::Avx2)? {
             Kernel::Quant(format, rows, _) => Kernel::Quant(
                 format,
-                rows,
+                match ty {
+                    GgmlType::Q8_0 => block32::avx2::rows_vnni::<Q8_0>,
+                    GgmlType::Q4_0 => block32::avx2::rows_vnni::<Q4_0>,
+                    GgmlType::Q5_0 => block32::avx2::rows_vnni::<Q5_0>,
+                    _ => rows,
+                },
                 match ty {
                     GgmlType::Q8_0 => vnni_multi::<Q8_0>(),
                     GgmlType::Q4_0 => vnni_multi::<Q4_0>(),

@@ -131,7 +131,10 @@ pub fn activation_terms(
         } else {
             0
         };
-        terms.push(("PACKED: activations packed as ActPairs (VNNI) or ActGroups", packed));
+        terms.push((
+            "PACKED: activations packed as ActPairs (VNNI) or ActGroups",
+            packed,
+        ));
         // quant/multi_row.rs WTILE: a tile of packed weight rows per thread.
         terms.push((
             "WTILE: packed weight tile per thread",

@@ -123,18 +123,34 @@ pub(crate) mod avx2 {
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
 
+    /// The offset taken off the block dots: `OFFSET`, or on the VNNI path 128
+    /// for signed types (dotted as `s + 128`).
+    const fn vnni_offset<B: Block32, const VNNI: bool>() -> i32 {
+        if VNNI && B::OFFSET == 0 {
+            128
+        } else {
+            B::OFFSET
+        }
+    }
+
     /// The 8 int32 partial dots of the block at `w` with the 32 values at
-    /// `a`; for `OFFSET != 0` types, of `u = value + OFFSET` (see
-    /// [`offset_fix`]).
+    /// `a`; of `u = value + offset` where the offset is not 0 (see
+    /// [`offset_fix`]). With `VNNI`, one `vpdpbusd` (signed values as
+    /// `s + 128`).
     ///
     /// # Safety
-    /// AVX2, FMA and F16C available; `w..w + BYTES` and `a..a + 32` readable.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_dot<B: Block32>(w: *const u8, a: *const i8) -> __m256i {
+    /// AVX2, FMA and F16C available (with `VNNI`, AVX-512 VL and VNNI too);
+    /// `w..w + BYTES` and `a..a + 32` readable. Inlined into callers that
+    /// enable those features.
+    #[inline(always)]
+    unsafe fn block_dot<B: Block32, const VNNI: bool>(w: *const u8, a: *const i8) -> __m256i {
         unsafe {
             let a = load_256(a.cast());
-            if B::OFFSET == 0 {
+            if VNNI {
+                let flip = _mm256_set1_epi8(if B::OFFSET == 0 { 0x80u8 as i8 } else { 0 });
+                let u = _mm256_xor_si256(B::values_avx2(w), flip);
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a)
+            } else if B::OFFSET == 0 {
                 dot_i8_i8(B::values_avx2(w), a)
             } else {
                 // u < 32: pair sums stay below 2 * 31 * 127.
@@ -220,11 +236,12 @@ pub(crate) mod avx2 {
     /// AVX2, FMA and F16C available.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn offset_fix<B: Block32>(isum: __m256i, asum: __m256i) -> __m256i {
-        if B::OFFSET == 0 {
+    unsafe fn offset_fix<B: Block32, const VNNI: bool>(isum: __m256i, asum: __m256i) -> __m256i {
+        let offset = vnni_offset::<B, VNNI>();
+        if offset == 0 {
             isum
         } else {
-            _mm256_sub_epi32(isum, _mm256_mullo_epi32(asum, _mm256_set1_epi32(B::OFFSET)))
+            _mm256_sub_epi32(isum, _mm256_mullo_epi32(asum, _mm256_set1_epi32(offset)))
         }
     }
 
@@ -234,10 +251,11 @@ pub(crate) mod avx2 {
     /// bit-identical to [`super::dot_scalar`].
     ///
     /// # Safety
-    /// AVX2, FMA and F16C available; the pointers cover `nb` blocks.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot<B: Block32>(
+    /// AVX2, FMA and F16C available (with `VNNI`, AVX-512 VL and VNNI too);
+    /// the pointers cover `nb` blocks. Inlined into [`rows`] and
+    /// [`rows_vnni`], which enable those features.
+    #[inline(always)]
+    unsafe fn dot<B: Block32, const VNNI: bool>(
         w: *const u8,
         qs: *const i8,
         d: *const f32,
@@ -251,16 +269,17 @@ pub(crate) mod avx2 {
                 let wp = w.add(b * B::BYTES);
                 let ap = qs.add(b * 32);
                 let isum = transpose_sum_8(
-                    block_dot::<B>(wp, ap),
-                    block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
-                    block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
-                    block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
-                    block_dot::<B>(wp.add(4 * B::BYTES), ap.add(128)),
-                    block_dot::<B>(wp.add(5 * B::BYTES), ap.add(160)),
-                    block_dot::<B>(wp.add(6 * B::BYTES), ap.add(192)),
-                    block_dot::<B>(wp.add(7 * B::BYTES), ap.add(224)),
+                    block_dot::<B, VNNI>(wp, ap),
+                    block_dot::<B, VNNI>(wp.add(B::BYTES), ap.add(32)),
+                    block_dot::<B, VNNI>(wp.add(2 * B::BYTES), ap.add(64)),
+                    block_dot::<B, VNNI>(wp.add(3 * B::BYTES), ap.add(96)),
+                    block_dot::<B, VNNI>(wp.add(4 * B::BYTES), ap.add(128)),
+                    block_dot::<B, VNNI>(wp.add(5 * B::BYTES), ap.add(160)),
+                    block_dot::<B, VNNI>(wp.add(6 * B::BYTES), ap.add(192)),
+                    block_dot::<B, VNNI>(wp.add(7 * B::BYTES), ap.add(224)),
                 );
-                let isum = offset_fix::<B>(isum, _mm256_cvtepi16_epi32(load_128(bs.add(b).cast())));
+                let isum =
+                    offset_fix::<B, VNNI>(isum, _mm256_cvtepi16_epi32(load_128(bs.add(b).cast())));
                 let dw = _mm256_cvtph_ps(_mm_setr_epi16(
                     read_u16(wp) as i16,
                     read_u16(wp.add(B::BYTES)) as i16,
@@ -281,16 +300,16 @@ pub(crate) mod avx2 {
                 let wp = w.add(b * B::BYTES);
                 let ap = qs.add(b * 32);
                 let h01 = _mm256_hadd_epi32(
-                    block_dot::<B>(wp, ap),
-                    block_dot::<B>(wp.add(B::BYTES), ap.add(32)),
+                    block_dot::<B, VNNI>(wp, ap),
+                    block_dot::<B, VNNI>(wp.add(B::BYTES), ap.add(32)),
                 );
                 let h23 = _mm256_hadd_epi32(
-                    block_dot::<B>(wp.add(2 * B::BYTES), ap.add(64)),
-                    block_dot::<B>(wp.add(3 * B::BYTES), ap.add(96)),
+                    block_dot::<B, VNNI>(wp.add(2 * B::BYTES), ap.add(64)),
+                    block_dot::<B, VNNI>(wp.add(3 * B::BYTES), ap.add(96)),
                 );
                 let h = _mm256_hadd_epi32(h01, h23);
                 let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                let isum = _mm256_castsi256_si128(offset_fix::<B>(
+                let isum = _mm256_castsi256_si128(offset_fix::<B, VNNI>(
                     _mm256_castsi128_si256(isum),
                     _mm256_setr_epi32(
                         *bs.add(b) as i32,
@@ -329,8 +348,8 @@ pub(crate) mod avx2 {
                 let mut lane = if nb % 8 >= 4 { 4 } else { 0 };
                 while b < nb {
                     let wp = w.add(b * B::BYTES);
-                    let isum = hsum_i32(block_dot::<B>(wp, qs.add(b * 32)))
-                        - B::OFFSET * *bs.add(b) as i32;
+                    let isum = hsum_i32(block_dot::<B, VNNI>(wp, qs.add(b * 32)))
+                        - vnni_offset::<B, VNNI>() * *bs.add(b) as i32;
                     let dw = half_to_f32(read_u16(wp));
                     crate::quant::fold_scaled(&mut lanes[lane], dw, *d.add(b), isum);
                     lane += 1;
@@ -366,7 +385,36 @@ pub(crate) mod avx2 {
             for (r, o) in out.iter_mut().enumerate() {
                 crate::quant::prefetch_row_ahead(w, r, row_bytes);
                 // In bounds: checked above.
-                *o = dot::<B>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
+                *o = dot::<B, false>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
+            }
+        }
+    }
+
+    /// [`rows`] with the block dots in `vpdpbusd` (256-bit, AVX-512 VL).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI must be available.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn rows_vnni<B: Block32>(
+        w: &[u8],
+        row_bytes: usize,
+        a: ActRow<'_>,
+        out: &mut [f32],
+    ) {
+        unsafe {
+            let nb = a.d.len();
+            assert!(
+                row_bytes == nb * B::BYTES
+                    && a.qs.len() == nb * 32
+                    && a.bsums.len() == nb
+                    && w.len() >= out.len() * row_bytes,
+                "block32 kernel: inconsistent shapes"
+            );
+            let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
+            for (r, o) in out.iter_mut().enumerate() {
+                crate::quant::prefetch_row_ahead(w, r, row_bytes);
+                // In bounds: checked above.
+                *o = dot::<B, true>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
             }
         }
     }
