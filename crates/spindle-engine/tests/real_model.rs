@@ -164,6 +164,9 @@ fn greedy_generation_follows_the_reference_where_it_is_clear() {
 
 #[test]
 fn every_isa_scores_the_real_model_identically() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let Some(path) = real_model() else { return };
     let mut loaded = spindle_model::load(&path, 2).unwrap();
     let ids = &reference().ids[..24];

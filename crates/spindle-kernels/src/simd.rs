@@ -114,6 +114,22 @@ pub fn available_isas() -> Vec<Isa> {
         .collect()
 }
 
+/// A line naming the ISA paths this CPU cannot run (so tests that iterate
+/// [`available_isas`] did not check them here), or `None` when it runs all.
+pub fn untested_isas_note() -> Option<String> {
+    let missing: Vec<&str> = ALL_ISAS
+        .into_iter()
+        .filter(|isa| !isa.is_available())
+        .map(Isa::name)
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "note: this CPU cannot run the {} path(s); they were not tested here",
+            missing.join(", ")
+        )
+    })
+}
+
 fn best_isa() -> Isa {
     available_isas().pop().unwrap_or(Isa::Scalar)
 }

@@ -24,6 +24,9 @@ fn snapshot(q: &QuantizedActs) -> (Vec<i8>, Vec<u32>, Vec<i16>) {
 
 #[test]
 fn every_isa_gives_the_same_bits() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let mut rng = StdRng::seed_from_u64(5);
     let format = ActFormat::Block32;
     let cols = 4 * format.block_len();

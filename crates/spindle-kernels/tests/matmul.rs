@@ -123,6 +123,9 @@ fn assert_same(got: &[u32], want: &[u32], what: std::fmt::Arguments<'_>) {
 
 #[test]
 fn matches_reference_on_every_isa() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let mut rng = StdRng::seed_from_u64(7);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     for ty in GgmlType::ALL {
@@ -165,6 +168,9 @@ fn invariance_shape(ty: GgmlType) -> (usize, usize) {
 
 #[test]
 fn batch_and_thread_invariant_bit_identical() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let mut rng = StdRng::seed_from_u64(11);
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let n = 16;
@@ -288,6 +294,9 @@ fn rows_alone(w: &Weights, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<u32> {
 /// Each output must be the bits of its (weight row, activation row) alone.
 #[test]
 fn multi_row_tails_bit_identical() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let mut rng = StdRng::seed_from_u64(17);
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let ns = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 33];
@@ -331,6 +340,9 @@ fn multi_row_tails_bit_identical() {
 /// alone.
 #[test]
 fn multi_row_chunks_and_splits_bit_identical() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let mut rng = StdRng::seed_from_u64(19);
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let rows = 37;

@@ -90,6 +90,9 @@ fn a_long_prompt_split_into_passes_gives_the_bits_of_one_pass() {
 
 #[test]
 fn thread_count_batch_and_isa_do_not_change_a_row_after_a_long_context() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     for arch in ARCHS_LONG {
         let (_, path) = sources(arch)[1].clone();
         let ids = tokens(LEN, 2);

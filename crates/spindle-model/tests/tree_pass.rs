@@ -221,6 +221,9 @@ fn invalid_batches_are_errors() {
 
 #[test]
 fn every_isa_gives_the_same_logits_bit_for_bit() {
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     for arch in ["gemma3", "qwen3"] {
         let (_, path) = sources(arch)[1].clone();
         let mut m = load(&path, 2);

@@ -91,6 +91,9 @@ fn attend_alone<E: KvElem>(
 /// `d`-value heads, the group reading the second of two KV heads (so a
 /// Q8_0 block may straddle two heads when `d` is not a multiple of 32).
 fn check_type<E: KvElem>(name: &str, d: usize) {
+    if let Some(note) = crate::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let (heads, n, chunk) = (3, 45, 16);
     let stride = 2 * d;
     let mut rng = Rng(7);
@@ -226,6 +229,9 @@ fn eight<E: KvElem>(isa: Isa, row: &[E], i: usize) -> [f32; 8] {
 
 #[test]
 fn widening_is_exact_and_the_same_on_every_path() {
+    if let Some(note) = crate::simd::untested_isas_note() {
+        eprintln!("{note}");
+    }
     let mut rng = Rng(3);
     let x: Vec<f32> = (0..96).map(|_| rng.next() * 10.0).collect();
     let h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();

@@ -361,12 +361,13 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// AVX2: `out[r] = dot(row r of w, a)` for each of `out.len()` rows.
+    /// `out[r] = dot(row r of w, a)` for each of `out.len()` rows.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C must be available.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn rows<B: Block32>(
+    /// As [`dot`]: inlined into [`rows`] and [`rows_vnni`], which enable the
+    /// features it needs.
+    #[inline(always)]
+    unsafe fn rows_with<B: Block32, const VNNI: bool>(
         w: &[u8],
         row_bytes: usize,
         a: ActRow<'_>,
@@ -385,9 +386,23 @@ pub(crate) mod avx2 {
             for (r, o) in out.iter_mut().enumerate() {
                 crate::quant::prefetch_row_ahead(w, r, row_bytes);
                 // In bounds: checked above.
-                *o = dot::<B, false>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
+                *o = dot::<B, VNNI>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
             }
         }
+    }
+
+    /// AVX2: `out[r] = dot(row r of w, a)` for each of `out.len()` rows.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn rows<B: Block32>(
+        w: &[u8],
+        row_bytes: usize,
+        a: ActRow<'_>,
+        out: &mut [f32],
+    ) {
+        unsafe { rows_with::<B, false>(w, row_bytes, a, out) }
     }
 
     /// [`rows`] with the block dots in `vpdpbusd` (256-bit, AVX-512 VL).
@@ -401,21 +416,6 @@ pub(crate) mod avx2 {
         a: ActRow<'_>,
         out: &mut [f32],
     ) {
-        unsafe {
-            let nb = a.d.len();
-            assert!(
-                row_bytes == nb * B::BYTES
-                    && a.qs.len() == nb * 32
-                    && a.bsums.len() == nb
-                    && w.len() >= out.len() * row_bytes,
-                "block32 kernel: inconsistent shapes"
-            );
-            let (qs, d, bs) = (a.qs.as_ptr(), a.d.as_ptr(), a.bsums.as_ptr());
-            for (r, o) in out.iter_mut().enumerate() {
-                crate::quant::prefetch_row_ahead(w, r, row_bytes);
-                // In bounds: checked above.
-                *o = dot::<B, true>(w.as_ptr().add(r * row_bytes), qs, d, bs, nb);
-            }
-        }
+        unsafe { rows_with::<B, true>(w, row_bytes, a, out) }
     }
 }
