@@ -218,24 +218,43 @@ mod avx2 {
             j += 2;
         }
         if j < n {
-            let k = keys[j];
-            let mut acc = [_mm256_setzero_ps(); H];
-            let mut e = 0;
-            while e < d {
-                // SAFETY: as above.
-                unsafe {
-                    let x = E::load8(k, off + e);
-                    for (h, a) in acc.iter_mut().enumerate() {
-                        let qv = _mm256_loadu_ps(qp.add((h0 + h) * d + e));
-                        *a = _mm256_fmadd_ps(qv, x, *a);
-                    }
-                }
-                e += 8;
-            }
-            for (h, a) in acc.iter().enumerate() {
-                out[(h0 + h) * n + j] = reduce(*a);
+            // SAFETY: as above.
+            let last = unsafe { score_one::<E, H>(group, h0, q, keys[j]) };
+            for (h, &x) in last.iter().enumerate() {
+                out[(h0 + h) * n + j] = x;
             }
         }
+    }
+
+    /// Scores of heads `h0..h0+H` against one key (a pass's odd last key).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `q` holds heads `h0..h0+H` and `key`
+    /// covers `kv_offset + head_dim` values, a multiple of 8 each.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn score_one<E: KvElem, const H: usize>(
+        group: &HeadGroup,
+        h0: usize,
+        q: &[f32],
+        key: &[E],
+    ) -> [f32; H] {
+        let (d, off) = (group.head_dim, group.kv_offset);
+        let qp = q.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); H];
+        let mut e = 0;
+        while e < d {
+            // SAFETY: off + e + 8 <= off + d, inside the row; q holds heads
+            // h0..h0+H (the caller's promises).
+            unsafe {
+                let x = E::load8(key, off + e);
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let qv = _mm256_loadu_ps(qp.add((h0 + h) * d + e));
+                    *a = _mm256_fmadd_ps(qv, x, *a);
+                }
+            }
+            e += 8;
+        }
+        acc.map(reduce)
     }
 
     /// [`super::values`]: heads in groups of up to four, dimensions in
@@ -334,7 +353,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::avx2::{prefetch_head, reduce, AHEAD};
+    use super::avx2::{prefetch_head, reduce, score_one, AHEAD};
     use super::{HeadGroup, KvElem};
 
     /// `lo` in lanes 0..8, `hi` in lanes 8..16.
@@ -451,22 +470,10 @@ mod avx512 {
             j += 2;
         }
         if j < n {
-            let k = keys[j];
-            let mut acc = [_mm256_setzero_ps(); H];
-            let mut e = 0;
-            while e < d {
-                // SAFETY: as above.
-                unsafe {
-                    let x = E::load8(k, off + e);
-                    for (h, a) in acc.iter_mut().enumerate() {
-                        let qv = _mm256_loadu_ps(qp.add((h0 + h) * d + e));
-                        *a = _mm256_fmadd_ps(qv, x, *a);
-                    }
-                }
-                e += 8;
-            }
-            for (h, a) in acc.iter().enumerate() {
-                out[(h0 + h) * n + j] = reduce(*a);
+            // SAFETY: as above.
+            let last = unsafe { score_one::<E, H>(group, h0, q, keys[j]) };
+            for (h, &x) in last.iter().enumerate() {
+                out[(h0 + h) * n + j] = x;
             }
         }
     }

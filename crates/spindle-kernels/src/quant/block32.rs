@@ -159,6 +159,37 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// The values of blocks `8g..8g + 8` of the row at `row` (those from `nb`
+    /// on zero) as `values_avx2` gives them, each XORed with `flip`, and
+    /// their scales into `f0`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `row` covers `nb` blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_values<B: Block32>(
+        row: *const u8,
+        g: usize,
+        nb: usize,
+        flip: i8,
+        f0: &mut [f32; 8],
+    ) -> [__m256i; 8] {
+        unsafe {
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (j, vj) in v.iter_mut().enumerate() {
+                let b = 8 * g + j;
+                if b < nb {
+                    let p = row.add(b * B::BYTES);
+                    *vj = _mm256_xor_si256(B::values_avx2(p), _mm256_set1_epi8(flip));
+                    f0[j] = half_to_f32(read_u16(p));
+                } else {
+                    f0[j] = 0.0;
+                }
+            }
+            v
+        }
+    }
+
     /// Packs group `g` of the weight row at `row` (blocks `8g..8g + 8`, those
     /// from `nb` on zero) for the multi-row kernel: the unsigned values (or
     /// magnitudes and signed values when `OFFSET == 0`) and the scales; in
@@ -175,17 +206,7 @@ pub(crate) mod avx2 {
         out: &mut WGroup,
     ) {
         unsafe {
-            let mut v = [_mm256_setzero_si256(); 8];
-            for (j, vj) in v.iter_mut().enumerate() {
-                let b = 8 * g + j;
-                if b < nb {
-                    let p = row.add(b * B::BYTES);
-                    *vj = B::values_avx2(p);
-                    out.f0[j] = half_to_f32(read_u16(p));
-                } else {
-                    out.f0[j] = 0.0;
-                }
-            }
+            let mut v = group_values::<B>(row, g, nb, 0, &mut out.f0);
             // Valid blocks in this group; at most 4 only in a row's last group.
             let m = nb - 8 * g;
             if B::OFFSET == 0 {
@@ -213,18 +234,8 @@ pub(crate) mod avx2 {
         out: &mut WGroup,
     ) {
         unsafe {
-            let flip = _mm256_set1_epi8(if B::OFFSET == 0 { 0x80u8 as i8 } else { 0 });
-            let mut v = [_mm256_setzero_si256(); 8];
-            for (j, vj) in v.iter_mut().enumerate() {
-                let b = 8 * g + j;
-                if b < nb {
-                    let p = row.add(b * B::BYTES);
-                    *vj = _mm256_xor_si256(B::values_avx2(p), flip);
-                    out.f0[j] = half_to_f32(read_u16(p));
-                } else {
-                    out.f0[j] = 0.0;
-                }
-            }
+            let flip = if B::OFFSET == 0 { 0x80u8 as i8 } else { 0 };
+            let v = group_values::<B>(row, g, nb, flip, &mut out.f0);
             store_group(&v, nb - 8 * g, out.u.as_mut_ptr());
         }
     }

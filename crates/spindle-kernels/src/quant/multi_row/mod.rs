@@ -312,6 +312,46 @@ pub(crate) fn packed_row_bytes(cols: usize) -> usize {
     (cols / 32).div_ceil(8) * std::mem::size_of::<ActGroup>()
 }
 
+/// The loop both SIMD multi-row paths share: activation rows `i0..i1` in
+/// chunks of `chunk` rows; against each chunk, weight rows `r0..r1` in tiles
+/// of up to [`MR`], each packed once into this thread's buffer by
+/// `pack(row, out, rt)` (group `g` of the tile's row `r` at `out + r + g *
+/// rt`), then `run(tile, rt, t0, c0, c1)` for tile rows `t0..t0 + rt` and
+/// activation rows `c0..c1`. Asks for the rows of a tile ahead while one
+/// runs (the head streams 178 MB per call).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn for_each_packed_tile(
+    job: &QuantJob<'_>,
+    chunk: usize,
+    (r0, r1): (usize, usize),
+    (i0, i1): (usize, usize),
+    pack: impl Fn(*const u8, *mut WGroup, usize),
+    mut run: impl FnMut(*const WGroup, usize, usize, usize, usize),
+) {
+    let ng = (job.cols / 32).div_ceil(8);
+    with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
+        let data = &job.data[..r1 * job.row_bytes];
+        let mut c0 = i0;
+        while c0 < i1 {
+            let c1 = (c0 + chunk).min(i1);
+            let mut t0 = r0;
+            while t0 < r1 {
+                let rt = (r1 - t0).min(MR);
+                for r in 0..rt {
+                    crate::quant::prefetch_row_ahead(data, t0 + r, job.row_bytes);
+                    let row = data[(t0 + r) * job.row_bytes..].as_ptr();
+                    // The buffer holds MR * ng groups: room for rt * ng.
+                    pack(row, buf[r..].as_mut_ptr(), rt);
+                }
+                run(buf.as_ptr(), rt, t0, c0, c1);
+                t0 += rt;
+            }
+            c0 = c1;
+        }
+    });
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::{pack_acts, range_avx2, store_group, store_vertical};
 
@@ -354,8 +394,8 @@ mod tests {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{act_chunk_rows, with_buffer, ActGroup, Fold, MultiRow, QuantJob, WGroup};
-    use super::{MR, NR, WTILE};
+    use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup};
+    use super::{MR, NR};
     use crate::quant::q8_act::{ActRow, QuantizedActs};
     use crate::simd::avx2::*;
     use std::arch::x86_64::*;
@@ -782,53 +822,44 @@ mod avx2 {
                 "multi-row kernel: inconsistent shapes"
             );
             let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
-            with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
-                let mut c0 = i0;
-                while c0 < i1 {
-                    let c1 = (c0 + chunk).min(i1);
-                    let mut t0 = r0;
-                    while t0 < r1 {
-                        let rt = (r1 - t0).min(MR);
-                        for r in 0..rt {
-                            // Ask for the rows of a tile ahead while this one
-                            // runs (the head streams 178 MB per call).
-                            let data = &job.data[..r1 * job.row_bytes];
-                            crate::quant::prefetch_row_ahead(data, t0 + r, job.row_bytes);
-                            // In bounds: checked above.
-                            let row = job.data.as_ptr().add((t0 + r) * job.row_bytes);
-                            for g in 0..ng {
-                                T::pack_group(row, g, nb, &mut buf[g * rt + r]);
-                            }
-                        }
-                        let w = buf.as_ptr();
-                        let mut i = c0;
-                        while i < c1 {
-                            let ct = (c1 - i).min(NR);
-                            if rt == MR && ct == NR {
-                                run_tile::<T, MR, NR>(job, w, rt, t0, i, ng, last);
-                            } else if rt == MR {
-                                for c in 0..ct {
-                                    run_tile::<T, MR, 1>(job, w, rt, t0, i + c, ng, last);
-                                }
-                            } else if ct == NR {
-                                for r in 0..rt {
-                                    run_tile::<T, 1, NR>(job, w.add(r), rt, t0 + r, i, ng, last);
-                                }
-                            } else {
-                                for r in 0..rt {
-                                    for c in 0..ct {
-                                        let (t, ic) = (t0 + r, i + c);
-                                        run_tile::<T, 1, 1>(job, w.add(r), rt, t, ic, ng, last);
-                                    }
-                                }
-                            }
-                            i += ct;
-                        }
-                        t0 += rt;
-                    }
-                    c0 = c1;
+            let pack = |row: *const u8, out: *mut WGroup, stride: usize| {
+                for g in 0..ng {
+                    // `out` holds `ng * stride` groups; the row is whole.
+                    T::pack_group(row, g, nb, &mut *out.add(g * stride));
                 }
-            });
+            };
+            super::for_each_packed_tile(
+                job,
+                chunk,
+                (r0, r1),
+                (i0, i1),
+                pack,
+                |w, rt, t0, c0, c1| {
+                    let mut i = c0;
+                    while i < c1 {
+                        let ct = (c1 - i).min(NR);
+                        if rt == MR && ct == NR {
+                            run_tile::<T, MR, NR>(job, w, rt, t0, i, ng, last);
+                        } else if rt == MR {
+                            for c in 0..ct {
+                                run_tile::<T, MR, 1>(job, w, rt, t0, i + c, ng, last);
+                            }
+                        } else if ct == NR {
+                            for r in 0..rt {
+                                run_tile::<T, 1, NR>(job, w.add(r), rt, t0 + r, i, ng, last);
+                            }
+                        } else {
+                            for r in 0..rt {
+                                for c in 0..ct {
+                                    let (t, ic) = (t0 + r, i + c);
+                                    run_tile::<T, 1, 1>(job, w.add(r), rt, t, ic, ng, last);
+                                }
+                            }
+                        }
+                        i += ct;
+                    }
+                },
+            );
         }
     }
 }

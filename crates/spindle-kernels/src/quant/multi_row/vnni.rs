@@ -23,8 +23,7 @@
 //! `tree8_x8`.
 
 use super::avx2::{pack_act_group, tree8_x8};
-use super::{act_chunk_rows, with_buffer, ActGroup, Fold, MultiRow, QuantJob, WGroup};
-use super::{MR, WTILE};
+use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR};
 use crate::quant::q8_act::{ActRow, QuantizedActs};
 use std::arch::x86_64::*;
 use std::ptr::addr_of;
@@ -403,6 +402,36 @@ unsafe fn flush(
     }
 }
 
+/// Runs tile rows `t0..t0 + rt` (packed at `w`, stride `rt`) against
+/// activation rows `i..i + ct` (`ct <= 2P`): as one `MR`-row tile, or row by
+/// row when the tile is short.
+///
+/// # Safety
+/// As [`run_tile`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_rows<T: MultiRow, const P: usize>(
+    job: &QuantJob<'_>,
+    w: *const WGroup,
+    rt: usize,
+    t0: usize,
+    i: usize,
+    ct: usize,
+    ng: usize,
+    last: usize,
+) {
+    unsafe {
+        if rt == MR {
+            run_tile::<T, MR, P>(job, w, rt, t0, i, ct, ng, last);
+        } else {
+            for r in 0..rt {
+                run_tile::<T, 1, P>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
+            }
+        }
+    }
+}
+
 /// VNNI: weight rows `r0..r1` x activation rows `i0..i1`, in L2-sized chunks
 /// of activation rows; against each, each tile of [`MR`] weight rows is
 /// packed once and run against the chunk [`NC`] rows at a time.
@@ -437,52 +466,21 @@ pub(crate) unsafe fn range_vnni<T: MultiRow>(
             i0.is_multiple_of(2) && chunk.is_multiple_of(2),
             "activation pairs split"
         );
-        with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
-            let mut c0 = i0;
-            while c0 < i1 {
-                let c1 = (c0 + chunk).min(i1);
-                let mut t0 = r0;
-                while t0 < r1 {
-                    let rt = (r1 - t0).min(MR);
-                    for r in 0..rt {
-                        let data = &job.data[..r1 * job.row_bytes];
-                        crate::quant::prefetch_row_ahead(data, t0 + r, job.row_bytes);
-                        // In bounds: checked above.
-                        let row = job.data.as_ptr().add((t0 + r) * job.row_bytes);
-                        pack_row::<T>(row, nb, buf.as_mut_ptr().add(r), rt);
-                    }
-                    let w = buf.as_ptr();
-                    let mut i = c0;
-                    while i < c1 {
-                        let ct = (c1 - i).min(if matches!(T::FOLD, Fold::Q6) { 4 } else { NC });
-                        if ct > 4 {
-                            if rt == MR {
-                                run_tile::<T, MR, 3>(job, w, rt, t0, i, ct, ng, last);
-                            } else {
-                                for r in 0..rt {
-                                    run_tile::<T, 1, 3>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
-                                }
-                            }
-                        } else if ct > 2 {
-                            if rt == MR {
-                                run_tile::<T, MR, 2>(job, w, rt, t0, i, ct, ng, last);
-                            } else {
-                                for r in 0..rt {
-                                    run_tile::<T, 1, 2>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
-                                }
-                            }
-                        } else if rt == MR {
-                            run_tile::<T, MR, 1>(job, w, rt, t0, i, ct, ng, last);
-                        } else {
-                            for r in 0..rt {
-                                run_tile::<T, 1, 1>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
-                            }
-                        }
-                        i += ct;
-                    }
-                    t0 += rt;
+        let pack = |row: *const u8, out: *mut WGroup, stride: usize| {
+            // The driver passes a whole row and room for its groups.
+            pack_row::<T>(row, nb, out, stride)
+        };
+        let nc = if matches!(T::FOLD, Fold::Q6) { 4 } else { NC };
+        super::for_each_packed_tile(job, chunk, (r0, r1), (i0, i1), pack, |w, rt, t0, c0, c1| {
+            let mut i = c0;
+            while i < c1 {
+                let ct = (c1 - i).min(nc);
+                match ct {
+                    5.. => run_rows::<T, 3>(job, w, rt, t0, i, ct, ng, last),
+                    3 | 4 => run_rows::<T, 2>(job, w, rt, t0, i, ct, ng, last),
+                    _ => run_rows::<T, 1>(job, w, rt, t0, i, ct, ng, last),
                 }
-                c0 = c1;
+                i += ct;
             }
         });
     }
