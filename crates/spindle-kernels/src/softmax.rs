@@ -24,15 +24,23 @@ pub fn log_sum_exp(x: &[f32]) -> f64 {
 }
 
 /// `exp(x)` for `x <= 0`: `2^n * p(r)` with `x = n ln 2 + r`, `|r| <= ln2/2`.
-/// Below -87 the result is 0 (smaller than any f32 normal number).
+/// Below -87 the result is `exp(-87)` (about 1.6e-38).
+///
+/// Plain operations only (no fused multiply-add, no libm), so that the
+/// compiler's vectorised copies of a loop over it give the scalar bits
+/// (attention's softmax relies on that, see `attention/softmax.rs`).
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split so that `n * LN2_HI` is exact.
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5 * 2^23 rounds to an integer (ties to even), held in the
+    // low mantissa bits: no float-to-int conversion is needed.
+    const MAGIC: f32 = 12_582_912.0;
     let x = x.max(-87.0);
-    let n = (x * LOG2E).round();
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     // Taylor to degree 7 about 0: truncation below 1e-8 on |r| <= 0.347,
     // the rest is f32 rounding.
@@ -42,8 +50,10 @@ fn exp_nonpositive(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // 2^n from the exponent bits (n >= -126 here).
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from the exponent bits (n >= -126 here): `t`'s bits are
+    // MAGIC's plus n.
+    let n_bits = t.to_bits().wrapping_sub(MAGIC.to_bits());
+    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
     p * scale
 }
 

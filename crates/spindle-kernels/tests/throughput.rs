@@ -280,3 +280,57 @@ fn multi_row_throughput() {
         }
     }
 }
+
+/// One chunk of attention for a tile of rows, one thread: Gemma 3 270M's
+/// shape (4 query heads of 256 on one f16 KV head), 256 keys. Rows that see
+/// the whole chunk take the wide kernels where the CPU has them.
+#[test]
+#[ignore]
+fn attention_chunk_throughput() {
+    use half::f16;
+    use spindle_kernels::attention::{chunk_partials, ChunkScratch, HeadGroup, TileRow};
+    let isa = detected_isa();
+    let (heads, d, n) = (4, 256, 256);
+    let mut x = 0x1234_5678u32;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        (x as f32 / u32::MAX as f32) - 0.5
+    };
+    let rows_f16: Vec<Vec<f16>> = (0..2 * n)
+        .map(|_| (0..d).map(|_| f16::from_f32(next())).collect())
+        .collect();
+    let (k, v): (Vec<&[f16]>, Vec<&[f16]>) = (
+        rows_f16[..n].iter().map(Vec::as_slice).collect(),
+        rows_f16[n..].iter().map(Vec::as_slice).collect(),
+    );
+    let group = HeadGroup {
+        heads,
+        head_dim: d,
+        kv_offset: 0,
+        scale: 0.0625,
+        softcap: None,
+    };
+    for tile in [1, 4, 16, 32, 64] {
+        let qs: Vec<Vec<f32>> = (0..tile)
+            .map(|_| (0..heads * d).map(|_| next()).collect())
+            .collect();
+        let rows: Vec<TileRow<'_>> = qs.iter().map(|q| TileRow { q, keys: 0..n }).collect();
+        let mut out = vec![0.0f32; tile * group.partial_len()];
+        let mut scratch = ChunkScratch::default();
+        let mut calls = 0usize;
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < 1.0 {
+            chunk_partials(isa, &group, &rows, &k, &v, &mut scratch, &mut out);
+            calls += 1;
+        }
+        let secs = start.elapsed().as_secs_f64() / calls as f64;
+        let macs = (tile * heads * n * d * 2) as f64;
+        println!(
+            "attention chunk ({isa}, 1 thread): {tile:>2} rows x {heads} heads x {n} keys x {d}: {:.1} us, {:.1} GFMA/s",
+            secs * 1e6,
+            macs / secs / 1e9
+        );
+    }
+}

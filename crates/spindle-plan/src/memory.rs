@@ -53,7 +53,11 @@ const TILE_ROWS: u64 = 4;
 /// Positions per attention chunk (spindle-kernels attention `CHUNK`).
 const ATTENTION_CHUNK: u64 = 256;
 /// Rows per attention tile (spindle-model forward/attention.rs `TILE_ROWS`).
-const ATTENTION_TILE_ROWS: u64 = 16;
+const ATTENTION_TILE_ROWS: u64 = 32;
+/// Keys the wide attention kernels widen at a time (spindle-kernels
+/// attention/wide.rs `KEYS`), and the query vectors of their register tile.
+const ATTENTION_WIDE_KEYS: u64 = 64;
+const ATTENTION_WIDE_QUERIES: u64 = 6;
 
 /// Activation and workspace bytes of the engine's largest pass at context
 /// `ctx` with `batch` sequences: a prefill chunk of `min(prefill_chunk,
@@ -159,10 +163,14 @@ pub fn activation_terms(
         }
     };
     // Per running task (one per thread): its tile's fold states and one
-    // chunk's partials, the scores of one row over a chunk, and the chunk's
-    // key and value row references (16 bytes each).
+    // chunk's partials, the scores of the tile's rows over a chunk, the
+    // wide kernels' widened keys and values and score chains (counted on
+    // every CPU: a few hundred KiB), and the chunk's key and value row
+    // references (16 bytes each).
     let per_task = mul(&[2 * F32, ATTENTION_TILE_ROWS, group, shape.head_dim + 2])
-        .saturating_add(mul(&[F32, group, ATTENTION_CHUNK]))
+        .saturating_add(mul(&[F32, ATTENTION_TILE_ROWS, group, ATTENTION_CHUNK]))
+        .saturating_add(mul(&[2 * F32, ATTENTION_WIDE_KEYS, shape.head_dim]))
+        .saturating_add(mul(&[F32, 8, ATTENTION_WIDE_QUERIES, ATTENTION_WIDE_KEYS]))
         .saturating_add(mul(&[2 * 16, ATTENTION_CHUNK]));
     let term = |name: &str, bytes, phase| Term {
         name: name.into(),

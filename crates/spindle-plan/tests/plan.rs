@@ -191,32 +191,38 @@ fn activation_terms_by_hand() {
     assert_eq!(bytes("PACKED"), 1024 * 8 * 832);
     // 2 threads * 4 rows * 8 WGroups of 640 bytes.
     assert_eq!(bytes("WTILE"), 40_960);
-    // Per task (2 threads): two fold states of a 16-row tile (4 heads x
-    // (256 + 2) floats each), one row's scores over a 256-key chunk, and
-    // 2 x 256 key references of 16 bytes. The 2048-row chunk is too many rows
-    // to split its chunks into tasks, so it holds no partials buffer.
+    // Per task (2 threads): two fold states of a 32-row tile (4 heads x
+    // (256 + 2) floats each), the tile's scores over a 256-key chunk, 64
+    // widened keys and 64 widened values of 256 floats, 8 score chains of
+    // 6 queries x 64 keys, and 2 x 256 key references of 16 bytes. The
+    // 2048-row chunk is too many rows to split its chunks into tasks, so it
+    // holds no partials buffer.
     assert_eq!(
         bytes("attention task scratch"),
-        2 * (2 * 4 * 16 * 4 * 258 + 4 * 4 * 256 + 2 * 16 * 256)
+        2 * (2 * 4 * 32 * 4 * 258
+            + 4 * 32 * 4 * 256
+            + 2 * 4 * 64 * 256
+            + 4 * 8 * 6 * 64
+            + 2 * 16 * 256)
     );
     // One decode row has its 4096 keys split into 16 + 1 chunks, each a
     // partial of 4 heads x 258 floats and a 64-byte reference.
     assert_eq!(bytes("attention partials"), 4 * 4 * 258 * 17 + 64 * 17);
     let total: u64 = terms.iter().map(|t| t.bytes).sum();
-    assert_eq!(total, 141_185_632);
+    assert_eq!(total, 141_990_496);
     // The chunk's ancestor lists and attention scratch (16,785,408 +
-    // 288,768) are gone before the decode pass's hidden rows, logits,
+    // 1,093,632) are gone before the decode pass's hidden rows, logits,
     // sampler and attention partials (2,560 + 1,048,576 + 3,145,728 +
     // 71,264) exist: the peak counts the larger set only.
     let phase = |p: Phase| -> u64 { terms.iter().filter(|t| t.phase == p).map(|t| t.bytes).sum() };
-    assert_eq!(phase(Phase::Prefill), 17_074_176);
+    assert_eq!(phase(Phase::Prefill), 17_879_040);
     assert_eq!(phase(Phase::Decode), 4_268_128);
     let p = plan(
         &s,
         &PlanRequest::new(4096, 1, KvType::F16, Device::parse("h100").unwrap()),
         &EngineProfile::cpu_with_threads(2),
     );
-    assert_eq!(p.activation_bytes, 141_185_632 - 4_268_128);
+    assert_eq!(p.activation_bytes, 141_990_496 - 4_268_128);
 }
 
 #[test]

@@ -20,8 +20,10 @@
 //! stays exactly what it would be alone.
 
 mod kernel;
+mod softmax;
 mod stored;
 mod vector;
+mod wide;
 
 use std::ops::Range;
 
@@ -68,6 +70,7 @@ pub struct TileRow<'a> {
 #[derive(Default)]
 pub struct ChunkScratch {
     scores: Vec<f32>,
+    wide: wide::WideScratch,
 }
 
 /// A fold state or partial with nothing in it (no key seen).
@@ -88,8 +91,9 @@ pub fn empty_partial(group: &HeadGroup, out: &mut [f32]) {
 ///
 /// Per (row, head) the operations are fixed: each score a dot product of
 /// eight lanes reduced by a fixed tree, times the scale; the chunk's max;
-/// `exp(score - max)` summed in key order; and the values accumulated in
-/// key order with fused multiply-adds (see `kernel.rs`).
+/// `exp(score - max)` summed in eight lanes (see `softmax.rs`); and the
+/// values accumulated in key order with fused multiply-adds (see
+/// `kernel.rs`).
 pub fn chunk_partials<E: KvElem>(
     isa: Isa,
     group: &HeadGroup,
@@ -101,6 +105,13 @@ pub fn chunk_partials<E: KvElem>(
 ) {
     let (d, heads) = (group.head_dim, group.heads);
     let plen = group.partial_len();
+    // A tile of enough rows goes through the wide kernels together (the
+    // same bits, see `wide.rs`).
+    let seeing = rows.iter().filter(|r| !r.keys.is_empty()).count();
+    let wide = wide::fits(isa, group) && seeing >= wide::MIN_ROWS;
+    if wide {
+        return wide_partials(isa, group, rows, k, v, scratch, out);
+    }
     // The rows of a tile run one after the other over the same chunk, which
     // the first has brought into cache for the rest.
     for (r, row) in rows.iter().enumerate() {
@@ -118,22 +129,55 @@ pub fn chunk_partials<E: KvElem>(
         kernel::scores(isa, group, row.q, keys, fetch, scores);
         for (h, acc) in part.chunks_exact_mut(d + 2).enumerate() {
             let sc = &mut scores[h * n..(h + 1) * n];
-            for s in sc.iter_mut() {
-                *s *= group.scale;
-                if let Some(cap) = group.softcap {
-                    *s = (*s / cap).tanh() * cap;
-                }
-            }
-            let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for s in sc.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            (acc[d], acc[d + 1]) = (max, sum);
+            (acc[d], acc[d + 1]) = softmax::weights(isa, sc, group.scale, group.softcap);
         }
         kernel::values(isa, group, scores, values, part);
     }
+}
+
+/// [`chunk_partials`] for a tile's rows together: every score against
+/// every key of the chunk, then each row's softmax and values over its own
+/// range.
+fn wide_partials<E: KvElem>(
+    isa: Isa,
+    group: &HeadGroup,
+    rows: &[TileRow<'_>],
+    k: &[&[E]],
+    v: &[&[E]],
+    scratch: &mut ChunkScratch,
+    out: &mut [f32],
+) {
+    let (d, heads, n) = (group.head_dim, group.heads, k.len());
+    let plen = group.partial_len();
+    let seeing = |r: &&TileRow<'_>| !r.keys.is_empty();
+    let queries: Vec<&[f32]> = rows
+        .iter()
+        .filter(seeing)
+        .flat_map(|r| (0..heads).map(move |h| &r.q[h * d..(h + 1) * d]))
+        .collect();
+    let seen: Vec<Range<usize>> = rows
+        .iter()
+        .filter(seeing)
+        .flat_map(|r| std::iter::repeat_n(r.keys.clone(), heads))
+        .collect();
+    let scores = &mut scratch.scores;
+    scores.resize(queries.len() * n, 0.0);
+    wide::scores(isa, group, &queries, k, &mut scratch.wide, scores);
+    let mut acc: Vec<&mut [f32]> = Vec::with_capacity(queries.len());
+    let mut q = 0;
+    for (row, part) in rows.iter().zip(out.chunks_exact_mut(plen)) {
+        empty_partial(group, part);
+        if row.keys.is_empty() {
+            continue;
+        }
+        for head in part.chunks_exact_mut(d + 2).take(heads) {
+            let sc = &mut scores[q * n + row.keys.start..q * n + row.keys.end];
+            (head[d], head[d + 1]) = softmax::weights(isa, sc, group.scale, group.softcap);
+            acc.push(&mut head[..d]);
+            q += 1;
+        }
+    }
+    wide::values(isa, group, scores, &seen, v, &mut scratch.wide, &mut acc);
 }
 
 /// Merges a chunk's partial into a row's fold state (both

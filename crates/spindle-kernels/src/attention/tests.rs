@@ -214,6 +214,90 @@ fn chunked_attention_matches_reference_and_is_invariant_for_every_stored_type() 
     }
 }
 
+/// Many rows over a whole chunk (the wide kernels where the CPU has them,
+/// `wide.rs`) give each row the bits it gets alone, and the scalar path's.
+fn check_wide<E: KvElem>(name: &str, d: usize, n: usize) {
+    let heads = 3;
+    let stride = 2 * d;
+    let mut rng = Rng(11);
+    let kf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
+    let vf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
+    let (ks, vs) = (store_rows::<E>(&kf, stride), store_rows::<E>(&vf, stride));
+    let (k, v): (Vec<&[E]>, Vec<&[E]>) = (
+        ks.iter().map(Vec::as_slice).collect(),
+        vs.iter().map(Vec::as_slice).collect(),
+    );
+    for softcap in [None, Some(2.0)] {
+        let group = HeadGroup {
+            heads,
+            head_dim: d,
+            kv_offset: d,
+            scale: 0.2,
+            softcap,
+        };
+        let queries: Vec<Vec<f32>> = (0..9)
+            .map(|_| (0..heads * d).map(|_| rng.next() * 3.0).collect())
+            .collect();
+        // Rows that see every key, some keys, one key and none.
+        let ranges = [
+            0..n,
+            0..n,
+            1..n,
+            0..0,
+            0..n,
+            0..n / 2,
+            3..n - 2,
+            n - 1..n,
+            0..n,
+        ];
+        let rows: Vec<TileRow<'_>> = ranges
+            .iter()
+            .zip(&queries)
+            .map(|(r, q)| TileRow { q, keys: r.clone() })
+            .collect();
+        let plen = group.partial_len();
+        let run = |isa: Isa, rows: &[TileRow<'_>]| {
+            let mut out = vec![7.0; rows.len() * plen];
+            chunk_partials(
+                isa,
+                &group,
+                rows,
+                &k,
+                &v,
+                &mut ChunkScratch::default(),
+                &mut out,
+            );
+            out
+        };
+        let scalar = run(Isa::Scalar, &rows);
+        for isa in available_isas() {
+            let tile = run(isa, &rows);
+            for (i, row) in rows.iter().enumerate() {
+                let alone = run(isa, std::slice::from_ref(row));
+                let got = &tile[i * plen..(i + 1) * plen];
+                assert_eq!(
+                    alone, got,
+                    "{name} {isa} d={d} n={n}: row {i} depends on its tile"
+                );
+                assert_eq!(
+                    &scalar[i * plen..(i + 1) * plen],
+                    got,
+                    "{name} {isa} d={d} n={n}: row {i} differs from scalar"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_sharing_a_whole_chunk_get_their_own_bits_on_every_path() {
+    for (d, n) in [(64, 256), (128, 200), (64, 37)] {
+        check_wide::<f32>("f32", d, n);
+        check_wide::<f16>("f16", d, n);
+        check_wide::<BlockQ8>("q8_0", d, n);
+    }
+}
+
 /// Values `i..i+8` as the AVX2 path loads them, or as the scalar path reads them.
 fn eight<E: KvElem>(isa: Isa, row: &[E], i: usize) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]

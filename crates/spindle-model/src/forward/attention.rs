@@ -19,7 +19,7 @@ use crate::kv_cache::KvBuf;
 
 /// Most rows in a tile: every key and value row a tile reads is widened once
 /// for all of them (a prompt's rows share nearly every key).
-const TILE_ROWS: usize = 16;
+const TILE_ROWS: usize = 32;
 
 /// A run of batch rows, each following the row before (one sequence).
 struct Tile {
