@@ -57,6 +57,40 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     p * scale
 }
 
+/// `exp(x)` for any `x`: [`exp_nonpositive`]'s polynomial, with `2^n`
+/// split in two factors so that `n` may reach 127; infinity above 88.7.
+/// Plain operations only, like [`exp_nonpositive`].
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const MAGIC: f32 = 12_582_912.0;
+    let big = x > 88.7;
+    let x = x.clamp(-87.0, 88.7);
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // n in [-126, 128]: 2^n as 2^(n - h) * 2^h with h = n / 2 rounded down
+    // in bits, both normal.
+    let n_bits = t.to_bits().wrapping_sub(MAGIC.to_bits()) as i32;
+    let h = n_bits >> 1;
+    let s1 = f32::from_bits(((h + 127) as u32) << 23);
+    let s2 = f32::from_bits(((n_bits - h + 127) as u32) << 23);
+    let y = p * s1 * s2;
+    if big {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +109,18 @@ mod tests {
         }
         assert_eq!(exp_nonpositive(-1000.0), exp_nonpositive(-87.0));
         assert!(exp_nonpositive(-87.0) > 0.0 && exp_nonpositive(-87.0) < 2e-38);
+    }
+
+    #[test]
+    fn exp_f32_is_within_4e_7_relative() {
+        for i in -86_999..88_700 {
+            let x = i as f32 * 1e-3;
+            let (got, want) = (exp_f32(x) as f64, (x as f64).exp());
+            assert!(((got - want) / want).abs() < 4e-7, "{x}: {got} vs {want}");
+        }
+        assert_eq!(exp_f32(100.0), f32::INFINITY);
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert!(exp_f32(-1000.0) > 0.0 && exp_f32(-1000.0) < 2e-38);
     }
 
     #[test]

@@ -78,7 +78,12 @@ impl Model {
         let rows = DisjointChunks::new(&mut gate[..n * ff], ff);
         for_each_task(&self.pool, n, |i| {
             // SAFETY: row i belongs to this task alone.
-            gated(act, unsafe { rows.chunk_mut(i) }, &up[i * ff..(i + 1) * ff]);
+            gated(
+                self.isa,
+                act,
+                unsafe { rows.chunk_mut(i) },
+                &up[i * ff..(i + 1) * ff],
+            );
         });
     }
 }
