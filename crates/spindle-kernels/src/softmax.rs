@@ -23,14 +23,12 @@ pub fn log_sum_exp(x: &[f32]) -> f64 {
     max as f64 + total.ln()
 }
 
-/// `exp(x)` for `x <= 0`: `2^n * p(r)` with `x = n ln 2 + r`, `|r| <= ln2/2`.
-/// Below -87 the result is `exp(-87)` (about 1.6e-38).
-///
-/// Plain operations only (no fused multiply-add, no libm), so that the
-/// compiler's vectorised copies of a loop over it give the scalar bits
-/// (attention's softmax relies on that, see `attention/softmax.rs`).
+/// `x = n ln 2 + r` with `|r| <= ln2/2` (`x` in [-87, 88.7]): `n` and
+/// `p(r) = exp(r)`. Plain operations only (no fused multiply-add, no
+/// libm), so that the compiler's vectorised copies of a loop over it give
+/// the scalar bits (attention's softmax and the activations rely on that).
 #[inline(always)]
-pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+fn reduced(x: f32) -> (i32, f32) {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split so that `n * LN2_HI` is exact.
     const LN2_HI: f32 = 0.693_359_4;
@@ -38,7 +36,6 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     // Adding 1.5 * 2^23 rounds to an integer (ties to even), held in the
     // low mantissa bits: no float-to-int conversion is needed.
     const MAGIC: f32 = 12_582_912.0;
-    let x = x.max(-87.0);
     let t = x * LOG2E + MAGIC;
     let n = t - MAGIC;
     let r = (x - n * LN2_HI) - n * LN2_LO;
@@ -50,40 +47,34 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // 2^n from the exponent bits (n >= -126 here): `t`'s bits are
-    // MAGIC's plus n.
-    let n_bits = t.to_bits().wrapping_sub(MAGIC.to_bits());
-    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
-    p * scale
+    // `t`'s bits are MAGIC's plus n.
+    (t.to_bits().wrapping_sub(MAGIC.to_bits()) as i32, p)
 }
 
-/// `exp(x)` for any `x`: [`exp_nonpositive`]'s polynomial, with `2^n`
-/// split in two factors so that `n` may reach 127; infinity above 88.7.
-/// Plain operations only, like [`exp_nonpositive`].
+/// `2^n` for `n` in [-126, 127], from the exponent bits.
+#[inline(always)]
+fn pow2(n: i32) -> f32 {
+    f32::from_bits(((n + 127) as u32) << 23)
+}
+
+/// `exp(x)` for `x <= 0`: `2^n * p(r)` ([`reduced`]). Below -87 the result
+/// is `exp(-87)` (about 1.6e-38).
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    let (n, p) = reduced(x.max(-87.0));
+    p * pow2(n)
+}
+
+/// `exp(x)` for any `x`: [`reduced`]'s polynomial, with `2^n` split in two
+/// factors so that `n` may reach 128; infinity above 88.7, `exp(-87)` below
+/// -87.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const MAGIC: f32 = 12_582_912.0;
     let big = x > 88.7;
-    let x = x.clamp(-87.0, 88.7);
-    let t = x * LOG2E + MAGIC;
-    let n = t - MAGIC;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0
-                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // n in [-126, 128]: 2^n as 2^(n - h) * 2^h with h = n / 2 rounded down
-    // in bits, both normal.
-    let n_bits = t.to_bits().wrapping_sub(MAGIC.to_bits()) as i32;
-    let h = n_bits >> 1;
-    let s1 = f32::from_bits(((h + 127) as u32) << 23);
-    let s2 = f32::from_bits(((n_bits - h + 127) as u32) << 23);
-    let y = p * s1 * s2;
+    let (n, p) = reduced(x.clamp(-87.0, 88.7));
+    // n in [-126, 128]: 2^n as 2^h * 2^(n - h), h = n / 2 rounded down.
+    let h = n >> 1;
+    let y = p * pow2(h) * pow2(n - h);
     if big {
         f32::INFINITY
     } else {
