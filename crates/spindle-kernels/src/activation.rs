@@ -1,12 +1,11 @@
 //! Gated activations of the feed-forward block.
 //!
 //! The exponential is [`crate::softmax::exp_f32`], a polynomial in plain
-//! operations, and [`gated`] compiles the same loop three times (as is,
-//! with AVX2 and with AVX-512 enabled) so that the compiler vectorises it:
-//! every path gives the same bits, where libm's `expf` would keep the loop
+//! operations, and [`gated`] is compiled per ISA ([`compiled_per_isa`]) so
+//! that the compiler vectorises it: every path gives the same bits, where libm's `expf` would keep the loop
 //! scalar (a 512-row prompt of Gemma 3 270M takes 19 M of them).
 
-use crate::simd::Isa;
+use crate::simd::compiled_per_isa;
 use crate::softmax::exp_f32;
 
 /// The activation applied to the gate projection.
@@ -34,51 +33,27 @@ impl Activation {
     }
 }
 
-/// `gate[i] = act(gate[i]) * up[i]`, in place; the same bits on every ISA.
-pub fn gated(isa: Isa, act: Activation, gate: &mut [f32], up: &[f32]) {
+compiled_per_isa! {
+    /// `gate[i] = act(gate[i]) * up[i]`, in place; the same bits on every ISA.
+    pub fn gated(act: Activation, gate: &mut [f32], up: &[f32]) = gated_body;
+}
+
+#[inline(always)]
+fn gated_body(act: Activation, gate: &mut [f32], up: &[f32]) {
     debug_assert_eq!(gate.len(), up.len());
-    #[inline(always)]
-    fn body(act: Activation, gate: &mut [f32], up: &[f32]) {
-        match act {
-            // One loop per activation, so that each vectorises.
-            Activation::Silu => {
-                for (g, &u) in gate.iter_mut().zip(up) {
-                    *g = Activation::Silu.apply(*g) * u;
-                }
+    match act {
+        // One loop per activation, so that each vectorises.
+        Activation::Silu => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = Activation::Silu.apply(*g) * u;
             }
-            Activation::GeluTanh => {
-                for (g, &u) in gate.iter_mut().zip(up) {
-                    *g = Activation::GeluTanh.apply(*g) * u;
-                }
+        }
+        Activation::GeluTanh => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = Activation::GeluTanh.apply(*g) * u;
             }
         }
     }
-    /// # Safety
-    /// AVX-512F available.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-    unsafe fn body_avx512(act: Activation, gate: &mut [f32], up: &[f32]) {
-        body(act, gate, up)
-    }
-    /// # Safety
-    /// AVX2 available.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn body_avx2(act: Activation, gate: &mut [f32], up: &[f32]) {
-        body(act, gate, up)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni {
-        // SAFETY: Avx512Vnni is chosen only on CPUs with AVX-512F/BW/VL.
-        return unsafe { body_avx512(act, gate, up) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa.uses_avx2() {
-        // SAFETY: an AVX2 path is chosen only on CPUs with AVX2.
-        return unsafe { body_avx2(act, gate, up) };
-    }
-    let _ = isa;
-    body(act, gate, up)
 }
 
 /// `x = tanh(x / cap) * cap`: Gemma 2's soft-capping of logits and scores.
@@ -91,6 +66,7 @@ pub fn soft_cap(x: &mut [f32], cap: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::Isa;
 
     #[test]
     fn gelu_matches_the_tanh_form() {

@@ -164,6 +164,46 @@ pub fn detected_isa() -> Isa {
     })
 }
 
+/// Defines `fn NAME(isa: Isa, args...) [-> R]` that runs `BODY(args...)`
+/// compiled three times: as is, and inside functions that enable AVX2 or
+/// AVX-512, where the compiler vectorises it. `BODY` must be
+/// `#[inline(always)]` and use plain float operations only (no `mul_add`;
+/// Rust never fuses on its own), so every path gives the same bits.
+macro_rules! compiled_per_isa {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+        $(#[$meta])*
+        $vis fn $name(isa: $crate::simd::Isa, $($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                /// # Safety
+                /// AVX2 and AVX-512F/BW/VL available.
+                #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+                unsafe fn with_avx512($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                /// # Safety
+                /// AVX2 available.
+                #[target_feature(enable = "avx2")]
+                unsafe fn with_avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                if isa == $crate::simd::Isa::Avx512Vnni {
+                    // SAFETY: Avx512Vnni is chosen only on CPUs with AVX2
+                    // and AVX-512F/BW/VL.
+                    return unsafe { with_avx512($($arg),*) };
+                }
+                if isa.uses_avx2() {
+                    // SAFETY: an AVX2 path is chosen only on CPUs with AVX2.
+                    return unsafe { with_avx2($($arg),*) };
+                }
+            }
+            let _ = isa;
+            $body($($arg),*)
+        }
+    };
+}
+pub(crate) use compiled_per_isa;
+
 /// Reduces 8 lane accumulators in the fixed order every path uses:
 /// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
 #[inline]

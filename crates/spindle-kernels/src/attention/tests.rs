@@ -48,6 +48,13 @@ fn store_rows<E: KvElem>(values: &[f32], stride: usize) -> Vec<Vec<E>> {
         .collect()
 }
 
+/// `n` random stored key rows and value rows of `stride` values.
+fn random_kv<E: KvElem>(rng: &mut Rng, n: usize, stride: usize) -> (Vec<Vec<E>>, Vec<Vec<E>>) {
+    let kf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
+    let vf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
+    (store_rows::<E>(&kf, stride), store_rows::<E>(&vf, stride))
+}
+
 /// Attention of each row over `keys[range]` through chunks of `chunk`
 /// positions starting at position 0, each row alone.
 fn attend_alone<E: KvElem>(
@@ -97,9 +104,7 @@ fn check_type<E: KvElem>(name: &str, d: usize) {
     let (heads, n, chunk) = (3, 45, 16);
     let stride = 2 * d;
     let mut rng = Rng(7);
-    let kf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
-    let vf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
-    let (ks, vs) = (store_rows::<E>(&kf, stride), store_rows::<E>(&vf, stride));
+    let (ks, vs) = random_kv::<E>(&mut rng, n, stride);
     let (k, v): (Vec<&[E]>, Vec<&[E]>) = (
         ks.iter().map(Vec::as_slice).collect(),
         vs.iter().map(Vec::as_slice).collect(),
@@ -220,9 +225,7 @@ fn check_wide<E: KvElem>(name: &str, d: usize, n: usize) {
     let heads = 3;
     let stride = 2 * d;
     let mut rng = Rng(11);
-    let kf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
-    let vf: Vec<f32> = (0..n * stride).map(|_| rng.next()).collect();
-    let (ks, vs) = (store_rows::<E>(&kf, stride), store_rows::<E>(&vf, stride));
+    let (ks, vs) = random_kv::<E>(&mut rng, n, stride);
     let (k, v): (Vec<&[E]>, Vec<&[E]>) = (
         ks.iter().map(Vec::as_slice).collect(),
         vs.iter().map(Vec::as_slice).collect(),

@@ -21,7 +21,7 @@
 use std::ops::Range;
 
 use super::{HeadGroup, KvElem};
-use crate::simd::{tree8, Isa};
+use crate::simd::{compiled_per_isa, tree8, Isa};
 
 /// Fewest rows that share a chunk for the transposition to pay.
 pub(super) const MIN_ROWS: usize = 4;
@@ -96,27 +96,17 @@ pub(super) fn scores<E: KvElem>(
     }
 }
 
-/// `out[j]` = the eight chains of key `j` added in [`tree8`]'s order (plain
-/// adds, compiled with the ISA's vectors: the same bits on every path).
-fn combine_chains(isa: Isa, chains: [&[f32]; 8], out: &mut [f32]) {
-    #[inline(always)]
-    fn body(c: [&[f32]; 8], out: &mut [f32]) {
-        for (j, o) in out.iter_mut().enumerate() {
-            *o = tree8(&std::array::from_fn(|l| c[l][j]));
-        }
+compiled_per_isa! {
+    /// `out[j]` = the eight chains of key `j` added in [`tree8`]'s order
+    /// (plain adds: the same bits on every path).
+    fn combine_chains(chains: [&[f32]; 8], out: &mut [f32]) = combine_body;
+}
+
+#[inline(always)]
+fn combine_body(c: [&[f32]; 8], out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = tree8(&std::array::from_fn(|l| c[l][j]));
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn body_avx2(c: [&[f32]; 8], out: &mut [f32]) {
-        body(c, out)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa.uses_avx2() {
-        // SAFETY: an AVX2 path is chosen only on CPUs with AVX2.
-        return unsafe { body_avx2(chains, out) };
-    }
-    let _ = isa;
-    body(chains, out)
 }
 
 /// Adds `sum_{j in seen[qi]} p[qi * n + j] * values[j]` into each query's
@@ -150,17 +140,14 @@ pub(super) fn values<E: KvElem>(
             let q1 = (q0 + QN).min(acc.len());
             // Runs of keys that the same queries of the tile see: the
             // block's ends and every query's, inside the block.
-            let mut cuts = vec![j0, j0 + m];
-            for r in &seen[q0..q1] {
-                cuts.extend(
-                    [r.start, r.end]
-                        .into_iter()
-                        .filter(|&c| c > j0 && c < j0 + m),
-                );
+            let mut cuts = [j0 + m; 2 * QN + 2];
+            cuts[0] = j0;
+            let ends = seen[q0..q1].iter().flat_map(|r| [r.start, r.end]);
+            for (slot, c) in cuts[2..].iter_mut().zip(ends) {
+                *slot = c.clamp(j0, j0 + m);
             }
             cuts.sort_unstable();
-            cuts.dedup();
-            for run in cuts.windows(2) {
+            for run in cuts.windows(2).filter(|w| w[0] < w[1]) {
                 let (a, b) = (run[0], run[1]);
                 let sees: [bool; QN] = std::array::from_fn(|i| {
                     seen.get(q0 + i)
