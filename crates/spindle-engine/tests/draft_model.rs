@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use spindle_engine::sampler::argmax;
-use spindle_engine::speculative::{Draft, DraftModelDrafter, Drafter};
+use spindle_engine::speculative::{Draft, DraftModelDrafter, Drafter, Source};
 use spindle_model::{Batch, Model, Row};
 
 const ARCHS: [&str; 2] = ["gemma3", "llama"];
@@ -234,6 +234,7 @@ fn draft_model_probs_are_probabilities() {
                 Draft {
                     tokens: drafts0[0].tokens[..n].to_vec(),
                     probs: drafts0[0].probs[..n].to_vec(),
+                    source: Source::Model,
                 }
             );
         }

@@ -92,6 +92,9 @@ fn collect_after(rx: &mut UnboundedReceiver<Event>, seen: usize) -> (Vec<u32>, F
             }
             Event::Error(e) => panic!("{e}"),
             Event::Scores(s) => panic!("a generation request got scores: {s:?}"),
+            Event::Speculated { drafted, accepted } => {
+                assert!(drafted > 0 && accepted <= drafted, "{drafted} {accepted}");
+            }
         }
     }
 }
@@ -161,6 +164,48 @@ fn concurrent_requests_get_their_solo_tokens() {
                     .spec_drafted
                     .load(std::sync::atomic::Ordering::Relaxed);
                 assert!(drafted > 0, "{arch}: nothing was drafted");
+            }
+        }
+    }
+}
+
+/// Suffix drafts from the request and from earlier outputs (one tenant),
+/// merged with n-gram drafts, adaptive and fixed: every request still gets
+/// its solo tokens, and a request that repeats an earlier one's prompt and
+/// sampler has that output drafted and accepted.
+#[test]
+fn drafts_from_earlier_traffic_keep_every_request_exact() {
+    use spindle_engine::speculative::{DraftSource, Source, TrafficCache, TrafficConfig};
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::{Arc, Mutex};
+    for arch in ["gemma3", "llama"] {
+        let m = tiny(arch);
+        for fixed in [false, true] {
+            let traffic = Arc::new(Mutex::new(TrafficCache::new(TrafficConfig::default())));
+            let config = EngineConfig {
+                max_batch_tokens: 24,
+                tree_budget: Some(8),
+                fixed_tree_budget: fixed,
+                drafts: DraftSource::auto(Some(traffic.clone())),
+                ..EngineConfig::default()
+            };
+            let e = engine(arch, 4, config);
+            let lens: Vec<usize> = (0..12).map(|i| 5 + (i * 7) % 30).collect();
+            expect_solo_tokens(&e, &m, &lens, 1, &format!("{arch}, traffic, fixed {fixed}"));
+            let stats = traffic.lock().unwrap().stats();
+            assert!(stats.outputs >= 8, "{stats:?}");
+            if fixed {
+                // Request 10 is request 0 again (greedy, same prompt), and
+                // runs after it finished.
+                let by_source = &e.metrics.spec_by_source[Source::Traffic.index()];
+                let (drafted, accepted) = (by_source.0.load(Relaxed), by_source.1.load(Relaxed));
+                assert!(
+                    accepted >= 4 && drafted >= accepted,
+                    "{arch}: {drafted} {accepted}"
+                );
+                let text = e.metrics.render("m");
+                assert!(text.contains("source=\"suffix_traffic\"} "), "{text}");
+                assert!(text.contains("spindle:spec_traffic_cache_outputs{model_name=\"m\"} "));
             }
         }
     }

@@ -82,6 +82,9 @@ pub struct PlanRequest {
     pub device: Device,
     /// Prompt tokens per prefill pass.
     pub prefill_chunk: u64,
+    /// The bound of the server's cache of earlier outputs for speculative
+    /// drafts (`--spec-cache-mb`), 0 without one.
+    pub spec_cache_bytes: u64,
 }
 
 impl PlanRequest {
@@ -93,6 +96,7 @@ impl PlanRequest {
             kv_type,
             device,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            spec_cache_bytes: 0,
         }
     }
 
@@ -160,6 +164,9 @@ pub struct Plan {
     pub kv_bytes: u64,
     pub activation_bytes: u64,
     pub overhead_bytes: u64,
+    /// The cache of earlier outputs speculative drafts come from, at its
+    /// bound (`serve --spec-cache-mb`; 0 when not asked for).
+    pub spec_cache_bytes: u64,
     /// Peak while loading (weights read while the tokenizer is built); the
     /// total is the larger of this and the running peak.
     pub load_peak_bytes: u64,
@@ -206,7 +213,9 @@ pub fn plan(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) 
     let overhead_bytes = memory::sum(&overhead_terms);
     let kv_bytes = shape.kv_bytes(ctx, batch, kv);
     let load_peak_bytes = memory::load_peak_bytes(shape, profile);
-    let total_bytes = memory::total_bytes(shape, ctx, batch, kv, chunk, profile);
+    let spec_cache_bytes = request.spec_cache_bytes;
+    let total_bytes =
+        memory::total_bytes(shape, ctx, batch, kv, chunk, profile).saturating_add(spec_cache_bytes);
     let memory = device.memory_bytes;
 
     let decode = |kv: KvType| PerBatch {
@@ -241,6 +250,7 @@ pub fn plan(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) 
         kv_bytes,
         activation_bytes,
         overhead_bytes,
+        spec_cache_bytes,
         load_peak_bytes,
         total_bytes,
         fits: total_bytes <= memory,

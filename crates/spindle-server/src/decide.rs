@@ -62,7 +62,7 @@ pub async fn decide(
             Some(Event::Scores(s)) => scores = Some(s),
             Some(Event::Finished(_)) => break,
             Some(Event::Error(e)) => return Err(ApiError::from(e)),
-            Some(Event::Token { .. }) => {}
+            Some(Event::Token { .. } | Event::Speculated { .. }) => {}
             None => {
                 return Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

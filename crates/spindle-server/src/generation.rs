@@ -37,6 +37,21 @@ pub struct Job {
     pub watch: Option<ReplyWatch>,
 }
 
+/// Drafted tokens a request's passes verified, and how many were kept
+/// (`usage.drafted` and `usage.accepted`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DraftCounts {
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl std::ops::AddAssign for DraftCounts {
+    fn add_assign(&mut self, o: DraftCounts) {
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+    }
+}
+
 /// Part of a choice, in order: deltas, then one `Done` or `Failed`.
 #[derive(Debug)]
 pub enum Piece {
@@ -54,6 +69,7 @@ pub enum Piece {
         index: usize,
         finish_reason: &'static str,
         completion_tokens: usize,
+        drafts: DraftCounts,
     },
     Failed {
         error: ApiError,
@@ -404,7 +420,12 @@ impl ChoiceOut {
     }
 
     /// Ends the choice: the rest of the text, its calls, then `Done`.
-    async fn finish(mut self, finish_reason: &'static str, completion_tokens: usize) {
+    async fn finish(
+        mut self,
+        finish_reason: &'static str,
+        completion_tokens: usize,
+        drafts: DraftCounts,
+    ) {
         let rest = self.text.finish();
         if !self.send_text(None, rest, Vec::new()).await {
             return;
@@ -432,6 +453,7 @@ impl ChoiceOut {
                 index: self.index,
                 finish_reason,
                 completion_tokens,
+                drafts,
             })
             .await;
     }
@@ -449,6 +471,7 @@ async fn drive_choice(
     deadline: Instant,
 ) {
     let mut generated = 0;
+    let mut drafts = DraftCounts::default();
     loop {
         // A client that leaves while its request waits or runs is noticed
         // at once (not at the next token): dropping `events` cancels the
@@ -479,9 +502,15 @@ async fn drive_choice(
                     return;
                 }
                 if out.text.stopped() {
+                    // The pass's draft counts may have been sent already.
+                    while let Ok(e) = events.try_recv() {
+                        if let Event::Speculated { drafted, accepted } = e {
+                            drafts += DraftCounts { drafted, accepted };
+                        }
+                    }
                     // Dropping `events` cancels the sequence.
                     drop(events);
-                    return out.finish("stop", generated).await;
+                    return out.finish("stop", generated, drafts).await;
                 }
             }
             Event::Finished(f) => {
@@ -489,7 +518,10 @@ async fn drive_choice(
                     FinishReason::Stop => "stop",
                     FinishReason::Length | FinishReason::Cancelled => "length",
                 };
-                return out.finish(finish_reason, f.completion_tokens).await;
+                return out.finish(finish_reason, f.completion_tokens, drafts).await;
+            }
+            Event::Speculated { drafted, accepted } => {
+                drafts += DraftCounts { drafted, accepted };
             }
             Event::Error(e) => return out.fail(ApiError::from(e)).await,
             // Only score requests (the decision endpoint) get scores.
@@ -506,6 +538,7 @@ pub struct Choice {
     pub tool_calls: Vec<ParsedCall>,
     pub finish_reason: &'static str,
     pub completion_tokens: usize,
+    pub drafts: DraftCounts,
 }
 
 /// Gathers every piece into `n` choices; the first failure wins.
@@ -527,9 +560,11 @@ pub async fn collect(mut rx: mpsc::Receiver<Piece>, n: usize) -> Result<Vec<Choi
                 index,
                 finish_reason,
                 completion_tokens,
+                drafts,
             }) => {
                 choices[index].finish_reason = finish_reason;
                 choices[index].completion_tokens = completion_tokens;
+                choices[index].drafts = drafts;
                 done += 1;
             }
             Some(Piece::Failed { error, .. }) => return Err(error),

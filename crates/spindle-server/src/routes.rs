@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
-use crate::generation::{self, Choice, Job};
+use crate::generation::{self, Choice, DraftCounts, Job};
 use crate::openai::{
     ChatMessageIn, ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest,
 };
@@ -479,6 +479,10 @@ async fn respond(
     }
     let choices = generation::collect(rx, n).await?;
     let completion_tokens: usize = choices.iter().map(|c| c.completion_tokens).sum();
+    let mut drafts = DraftCounts::default();
+    for c in &choices {
+        drafts += c.drafts;
+    }
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
@@ -490,16 +494,21 @@ async fn respond(
         "created": created,
         "model": state.model_name,
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, drafts),
     }))
     .into_response())
 }
 
-pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
+/// OpenAI's usage object, with Spindle's speculation counts beside it:
+/// `drafted` tokens verified for the request and `accepted` of them kept
+/// (0 and 0 with `--spec off`).
+pub(crate) fn usage(prompt: usize, completion: usize, drafts: DraftCounts) -> Value {
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "drafted": drafts.drafted,
+        "accepted": drafts.accepted,
     })
 }
 

@@ -7,7 +7,7 @@ use axum::response::sse::Event as SseEvent;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::generation::Piece;
+use crate::generation::{DraftCounts, Piece};
 use crate::routes::{logprobs_json, tool_call_json, usage, Kind, Shared};
 
 /// Writes a job's pieces as server-sent events.
@@ -63,6 +63,7 @@ impl Streamer {
         let mut started = vec![false; self.n];
         let mut offsets = vec![0usize; self.n];
         let mut completion_tokens = 0;
+        let mut drafts = DraftCounts::default();
         let mut done = 0;
         while done < self.n {
             // A client that goes away while nothing is generated yet (its
@@ -118,9 +119,11 @@ impl Streamer {
                     index,
                     finish_reason,
                     completion_tokens: c,
+                    drafts: d,
                 } => {
                     done += 1;
                     completion_tokens += c;
+                    drafts += d;
                     let first = !std::mem::replace(&mut started[index], true);
                     self.chunk(self.delta(index, "", first, Some(finish_reason)))
                 }
@@ -144,7 +147,7 @@ impl Streamer {
                 "created": self.created,
                 "model": self.state.model_name,
                 "choices": [],
-                "usage": usage(self.prompt_tokens, completion_tokens),
+                "usage": usage(self.prompt_tokens, completion_tokens, drafts),
             });
             let _ = tx
                 .send(Ok(SseEvent::default().data(body.to_string())))

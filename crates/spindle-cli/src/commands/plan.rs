@@ -29,6 +29,10 @@ pub struct PlanArgs {
     /// Prompt tokens per prefill pass.
     #[arg(long = "prefill-chunk", default_value_t = PREFILL_CHUNK as u64)]
     pub prefill_chunk: u64,
+    /// Count a server's cache of earlier outputs for speculative drafts at
+    /// this bound (MiB; `serve --spec-cache-mb`, whose default is 64).
+    #[arg(long = "spec-cache-mb", default_value_t = 0)]
+    pub spec_cache_mb: u64,
     /// Also load the model, run the plan's largest passes and print the
     /// measured peak resident memory beside the prediction (CPU, f16 or f32 KV).
     #[arg(long)]
@@ -53,6 +57,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         .max(1);
     let request = PlanRequest {
         prefill_chunk: args.prefill_chunk,
+        spec_cache_bytes: args.spec_cache_mb << 20,
         ..PlanRequest::new(
             ctx,
             args.batch,

@@ -2,11 +2,13 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use spindle_engine::scheduler::{spawn_engine, EngineConfig};
+use spindle_engine::speculative::TrafficCache;
 use spindle_model::KvCache;
 use spindle_server::connections::{connection_capacity, ConnectionLimits};
 use spindle_server::AppState;
@@ -142,26 +144,31 @@ fn kv_pool(
 }
 
 /// The machine must hold the model, its KV pool and the drafters' KV
-/// caches (`draft_kv` bytes) at once, and a separate draft model's weights.
+/// caches (`draft_kv` bytes) at once, a separate draft model's weights, and
+/// the cache of earlier outputs at its bound (`traffic` bytes).
 fn check_memory_with_drafts(
     args: &ServeArgs,
     path: &Path,
     ctx: usize,
     draft_kv: u64,
+    traffic: u64,
 ) -> Result<()> {
-    if draft_kv == 0 {
+    if draft_kv == 0 && traffic == 0 {
         return Ok(());
     }
     let shape = spindle_plan::ModelShape::from_path(path)
         .with_context(|| format!("cannot plan {}", path.display()))?;
     let device = spindle_plan::Device::cpu()?;
     let profile = spindle_plan::EngineProfile::cpu_with_threads(args.model.threads() as u64);
-    let request = spindle_plan::PlanRequest::new(
-        ctx as u64,
-        args.max_seqs as u64,
-        args.model.plan_kv_type()?,
-        device.clone(),
-    );
+    let request = spindle_plan::PlanRequest {
+        spec_cache_bytes: traffic,
+        ..spindle_plan::PlanRequest::new(
+            ctx as u64,
+            args.max_seqs as u64,
+            args.model.plan_kv_type()?,
+            device.clone(),
+        )
+    };
     let target = spindle_plan::plan(&shape, &request, &profile).total_bytes;
     let draft_weights = match args.spec.mode()? {
         SpecMode::DraftModel(p) => {
@@ -175,11 +182,12 @@ fn check_memory_with_drafts(
     let total = target + draft_weights + draft_kv;
     if total > device.memory_bytes {
         bail!(
-            "the model, its KV pool and the drafts need {} ({} of it the draft KV caches of {} sequences) \
-             but this machine has {}: lower --ctx or --max-seqs, or use --spec ngram",
+            "the model, its KV pool and the drafts need {} ({} of it the draft KV caches of {} sequences, {} the cache of earlier outputs) \
+             but this machine has {}: lower --ctx, --max-seqs or --spec-cache-mb, or use --spec ngram",
             spindle_plan::human_bytes(total),
             spindle_plan::human_bytes(draft_kv),
             args.max_seqs,
+            spindle_plan::human_bytes(traffic),
             spindle_plan::human_bytes(device.memory_bytes)
         );
     }
@@ -224,7 +232,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let without_drafts = kv_pool(&args, &path, &|_| 0)?;
     let loaded = args.model.load()?;
     let threads = loaded.model.n_threads();
-    let drafts = args.spec.source(&loaded.model, threads)?;
+    let mut drafts = args.spec.source(&loaded.model, threads)?;
+    let traffic = args.spec.traffic_config()?;
+    if let (Some(d), Some(config)) = (&mut drafts, traffic) {
+        d.traffic = Some(Arc::new(Mutex::new(TrafficCache::new(config))));
+    }
+    let traffic_bytes = traffic.map_or(0, |t| t.max_bytes as u64);
     let draft_bytes = |ctx: usize| {
         drafts
             .as_ref()
@@ -235,7 +248,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         0 => without_drafts,
         _ => kv_pool(&args, &path, &draft_bytes)?,
     };
-    check_memory_with_drafts(&args, &path, ctx, draft_bytes(ctx))?;
+    check_memory_with_drafts(&args, &path, ctx, draft_bytes(ctx), traffic_bytes)?;
     let tok = tokenizer(&loaded)?.clone();
     let ty = args.model.kv_type(&loaded.model)?;
     let mut layout = loaded.model.kv_layout(ty, ctx, args.max_seqs);
@@ -254,11 +267,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let drafting = match &drafts {
         None => String::new(),
         Some(_) => format!(
-            ", {} drafts{}",
+            ", {} drafts{}{}",
             args.spec.spec,
             match draft_bytes(ctx) {
                 0 => String::new(),
                 b => format!(" with {} of draft KV", spindle_plan::human_bytes(b)),
+            },
+            match traffic {
+                None => String::new(),
+                Some(t) => format!(
+                    ", earlier outputs in up to {} ({})",
+                    spindle_plan::human_bytes(t.max_bytes as u64),
+                    if t.share_tenants {
+                        "shared by all tenants"
+                    } else {
+                        "per tenant"
+                    }
+                ),
             }
         ),
     };

@@ -96,6 +96,13 @@ def metrics(root=ROOT):
     return out
 
 
+def traffic_accepted(root=ROOT):
+    """Drafted tokens from earlier traffic that were accepted, so far."""
+    return sum(v for name, labels, v in exposition(root)
+               if name == "spindle:spec_decode_num_accepted_tokens_by_source_total"
+               and labels.get("source") == "suffix_traffic")
+
+
 def exposition(root=ROOT):
     """Every sample of /metrics: (name, labels dict, value)."""
     out = []
@@ -137,6 +144,38 @@ def _():
     for prompt, want in SOLO_SAMPLED.items():
         r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0.8, top_p=0.9, seed=11)
         assert r.choices[0].text == want, (r.choices[0].text, want)
+
+
+@check("a completion seen before is drafted from earlier traffic, with unchanged output")
+def _():
+    # The greedy check above already produced these outputs for this tenant
+    # (the API key): the same prompts are now drafted from them.
+    traffic_before = traffic_accepted()
+    for prompt, want in SOLO.items():
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        assert r.choices[0].text == want, (r.choices[0].text, want)
+        usage = r.usage.model_dump()
+        assert 0 <= usage["accepted"] <= usage["drafted"], usage
+    after = metrics()
+    assert traffic_accepted() - traffic_before >= 8, "nothing drafted from the earlier outputs"
+    assert after["spindle:spec_traffic_cache_outputs"] >= 2
+    assert after["spindle:spec_traffic_cache_bytes"] > 0
+
+
+@check("drafts from earlier traffic stay within their tenant (the `user` field)")
+def _():
+    small = openai.OpenAI(base_url=SMALL, api_key="x", max_retries=0, timeout=120)
+    root = SMALL[: -len("/v1")]
+    prompt, want = next(iter(SOLO.items()))
+    tag = random.randrange(1 << 30)
+    one = lambda user: small.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
+                                                user=f"{user}-{tag}").choices[0].text
+    assert one("alice") == want
+    before = traffic_accepted(root)
+    assert one("bob") == want
+    assert traffic_accepted(root) == before, "bob was drafted from alice's output"
+    assert one("alice") == want
+    assert traffic_accepted(root) - before >= 8, "alice was not drafted from her own output"
 
 
 @check("speculation in the batch drafts and is accepted on repetitive text")

@@ -240,7 +240,7 @@ pub fn decide(
             Some(Event::Scores(s)) => scores = Some(s),
             Some(Event::Finished(_)) => break,
             Some(Event::Error(e)) => return Err(RunError::Engine(e)),
-            Some(Event::Token { .. }) => {}
+            Some(Event::Token { .. } | Event::Speculated { .. }) => {}
             None => {
                 return Err(RunError::Engine(crate::error::RequestError::internal(
                     "the engine stopped",

@@ -81,13 +81,17 @@ impl EngineLoop {
         self.admissions += 1;
         let scoring = w.req.score.is_some();
         let speculation = match self.config.tree_budget {
-            Some(b) if !scoring => self.spare_drafters.pop().map(|drafter| Speculation {
-                drafter,
-                budget: if self.config.fixed_tree_budget {
-                    TreeBudget::fixed(b)
-                } else {
-                    TreeBudget::new(b)
-                },
+            Some(b) if !scoring => self.spare_drafters.pop().map(|mut drafter| {
+                drafter.begin(&w.req.tenant);
+                Speculation {
+                    drafter,
+                    ended: false,
+                    budget: if self.config.fixed_tree_budget {
+                        TreeBudget::fixed(b)
+                    } else {
+                        TreeBudget::new(b)
+                    },
+                }
             }),
             _ => None,
         };

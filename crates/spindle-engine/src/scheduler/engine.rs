@@ -130,9 +130,12 @@ impl EngineLoop {
                 i += 1;
                 continue;
             }
-            let r = self.running.swap_remove(i);
+            let mut r = self.running.swap_remove(i);
             if !r.is_finished() {
                 self.count_cancelled(1);
+                // A client that stopped reading (a stop string, say) still
+                // got the model's own tokens.
+                r.end_drafts();
             }
             self.release(r);
         }
@@ -187,5 +190,8 @@ impl EngineLoop {
         m.requests_waiting.store(waiting as u64, Ordering::Relaxed);
         m.kv_used
             .store(self.kv.bytes_used() as u64, Ordering::Relaxed);
+        if let Some(t) = &self.config.drafts.traffic {
+            m.set_traffic(&t.lock().unwrap_or_else(|e| e.into_inner()).stats());
+        }
     }
 }

@@ -47,7 +47,7 @@ impl Default for EngineConfig {
             static_batching: false,
             tree_budget: Some(16),
             fixed_tree_budget: false,
-            drafts: DraftSource::Ngram,
+            drafts: DraftSource::ngram(),
         }
     }
 }

@@ -11,6 +11,8 @@ use std::time::Instant;
 
 use spindle_model::KvCache;
 
+use crate::speculative::{Source, TokenTree, TrafficStats};
+
 /// Upper bounds (seconds) of the latency buckets.
 const BUCKETS: [f64; 18] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
@@ -74,6 +76,14 @@ pub struct Metrics {
     pub non_finite: AtomicU64,
     pub spec_drafted: AtomicU64,
     pub spec_accepted: AtomicU64,
+    /// Drafted and accepted tokens by draft source ([`Source::index`]); a
+    /// node two sources proposed counts for both.
+    pub spec_by_source: [(AtomicU64, AtomicU64); Source::COUNT],
+    /// The traffic cache (suffix tries of earlier outputs), when there is one.
+    pub traffic_bytes: AtomicU64,
+    pub traffic_nodes: AtomicU64,
+    pub traffic_outputs: AtomicU64,
+    pub traffic_evicted: AtomicU64,
     pub passes: AtomicU64,
     /// Sequences preempted for KV blocks (recomputed later).
     pub preemptions: AtomicU64,
@@ -130,12 +140,25 @@ impl Metrics {
         *last = Some(now);
     }
 
-    /// A verified tree of `drafted` nodes, `accepted` of them kept.
-    pub(crate) fn record_drafts(&self, drafted: usize, accepted: usize) {
+    /// A verified tree, of which the walk kept the nodes `accepted`.
+    pub(crate) fn record_drafts(&self, tree: &TokenTree, accepted: &[usize]) {
         self.spec_drafted
-            .fetch_add(drafted as u64, Ordering::Relaxed);
+            .fetch_add(tree.len() as u64, Ordering::Relaxed);
         self.spec_accepted
-            .fetch_add(accepted as u64, Ordering::Relaxed);
+            .fetch_add(accepted.len() as u64, Ordering::Relaxed);
+        for (s, (d, a)) in tree.source_counts(accepted).into_iter().enumerate() {
+            self.spec_by_source[s].0.fetch_add(d, Ordering::Relaxed);
+            self.spec_by_source[s].1.fetch_add(a, Ordering::Relaxed);
+        }
+    }
+
+    /// What the traffic cache holds now.
+    pub(crate) fn set_traffic(&self, s: &TrafficStats) {
+        self.traffic_bytes.store(s.bytes as u64, Ordering::Relaxed);
+        self.traffic_nodes.store(s.nodes as u64, Ordering::Relaxed);
+        self.traffic_outputs
+            .store(s.outputs as u64, Ordering::Relaxed);
+        self.traffic_evicted.store(s.evicted, Ordering::Relaxed);
     }
 
     pub(crate) fn observe(&self, h: &Mutex<Histogram>, seconds: f64) {
@@ -251,6 +274,50 @@ impl Metrics {
                 get(v)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP spindle:spec_decode_num_draft_tokens_by_source_total Drafted tokens verified, by draft source (a token two sources proposed counts for both).\n# TYPE spindle:spec_decode_num_draft_tokens_by_source_total counter"
+        );
+        for s in Source::ALL {
+            let n = get(&self.spec_by_source[s.index()].0);
+            let _ = writeln!(out, "spindle:spec_decode_num_draft_tokens_by_source_total{{model_name=\"{model}\",source=\"{}\"}} {n}", s.name());
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spindle:spec_decode_num_accepted_tokens_by_source_total Drafted tokens accepted, by draft source.\n# TYPE spindle:spec_decode_num_accepted_tokens_by_source_total counter"
+        );
+        for s in Source::ALL {
+            let n = get(&self.spec_by_source[s.index()].1);
+            let _ = writeln!(out, "spindle:spec_decode_num_accepted_tokens_by_source_total{{model_name=\"{model}\",source=\"{}\"}} {n}", s.name());
+        }
+        for (name, help, v) in [
+            (
+                "spindle:spec_traffic_cache_bytes",
+                "Bytes the traffic cache (suffix tries of earlier outputs) holds.",
+                &self.traffic_bytes,
+            ),
+            (
+                "spindle:spec_traffic_cache_nodes",
+                "Suffix-trie nodes in the traffic cache.",
+                &self.traffic_nodes,
+            ),
+            (
+                "spindle:spec_traffic_cache_outputs",
+                "Earlier outputs stored in the traffic cache.",
+                &self.traffic_outputs,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{label} {}",
+                get(v)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spindle:spec_traffic_cache_evictions_total Outputs evicted from the traffic cache to stay within its bound.\n# TYPE spindle:spec_traffic_cache_evictions_total counter\nspindle:spec_traffic_cache_evictions_total{label} {}",
+            get(&self.traffic_evicted)
+        );
         // vLLM's success counter, by finish reason.
         let length = get(&self.requests_finished_length);
         let stop = get(&self.requests_finished).saturating_sub(length);

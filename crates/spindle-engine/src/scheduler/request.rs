@@ -194,6 +194,12 @@ pub enum Event {
         id: u32,
         logprobs: Option<TokenLogprobs>,
     },
+    /// A pass verified `drafted` tokens for the request and kept
+    /// `accepted` of them (sent after the pass's tokens).
+    Speculated {
+        drafted: usize,
+        accepted: usize,
+    },
     /// The scores of a request's [`ScoreTree`], just before `Finished`.
     Scores(TreeScores),
     Finished(Finished),

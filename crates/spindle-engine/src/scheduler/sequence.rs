@@ -60,4 +60,14 @@ impl Sequence {
     pub fn is_finished(&self) -> bool {
         self.phase == Phase::Finished
     }
+
+    /// Tells its drafter the request is over: what it produced may draft
+    /// later requests. Once (later calls do nothing).
+    pub fn end_drafts(&mut self) {
+        if let Some(s) = &mut self.speculation {
+            if !std::mem::replace(&mut s.ended, true) && self.generated > 0 {
+                s.drafter.end(&self.history, self.req.prompt.len());
+            }
+        }
+    }
 }

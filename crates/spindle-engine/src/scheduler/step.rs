@@ -256,11 +256,17 @@ impl EngineLoop {
         if p.prompt_tokens == 0 {
             self.kv.commit(r.seq, &w.path)?;
         }
+        let accepted = w.nodes();
         if let Some(s) = &mut r.speculation {
-            s.budget
-                .record_acceptance(&p.tree, w.accepted(), w.rejected);
+            s.budget.record_acceptance(&p.tree, &accepted, w.rejected);
         }
-        metrics.record_drafts(p.tree.len(), w.accepted());
+        if !p.tree.is_empty() {
+            metrics.record_drafts(&p.tree, &accepted);
+            let _ = r.req.events.send(Event::Speculated {
+                drafted: p.tree.len(),
+                accepted: accepted.len(),
+            });
+        }
         match w.finish {
             Some(reason) => finish(metrics, r, reason),
             None => r.phase = Phase::Decoding,
@@ -272,6 +278,7 @@ impl EngineLoop {
 /// Sends a request's final event and records its latency.
 pub(super) fn finish(metrics: &Metrics, r: &mut Sequence, reason: FinishReason) {
     r.phase = Phase::Finished;
+    r.end_drafts();
     let _ = r.req.events.send(Event::Finished(Finished {
         reason,
         prompt_tokens: r.req.prompt.len(),

@@ -33,6 +33,18 @@ impl Drafter for Combined {
         }
         Ok(all)
     }
+
+    fn begin(&mut self, tenant: &str) {
+        for d in &mut self.drafters {
+            d.begin(tenant);
+        }
+    }
+
+    fn end(&mut self, history: &[u32], prompt_len: usize) {
+        for d in &mut self.drafters {
+            d.end(history, prompt_len);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use spindle_model::{Batch, KvCache, KvLayout, Model, ModelError, SeqId};
 use crate::error::EngineError;
 use crate::sampler::argmax;
 
-use super::drafter::{Draft, Drafter};
+use super::drafter::{Draft, Drafter, Source};
 
 /// The most a draft model's probability counts for: certainty
 /// ([`super::token_tree::CERTAIN`]) is the grammar's alone.
@@ -256,6 +256,7 @@ impl Drafter for DraftModelDrafter {
         let mut draft = Draft {
             tokens: vec![first.top],
             probs: vec![first.top_p.min(MOST_SURE)],
+            source: Source::Model,
         };
         // Each further token needs the one before it run, at the next
         // position of the draft context.
@@ -277,6 +278,7 @@ impl Drafter for DraftModelDrafter {
                 drafts.push(Draft {
                     tokens: vec![t],
                     probs: vec![p.min(MOST_SURE)],
+                    source: Source::Model,
                 });
             }
         }

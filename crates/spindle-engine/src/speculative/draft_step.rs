@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::drafter::{Draft, Drafter};
+use super::drafter::{Draft, Drafter, Source};
 use super::token_tree::{TokenTree, CERTAIN, MAX_DEPTH};
 use super::tree_budget::TreeBudget;
 use crate::constraint::Constraint;
@@ -19,6 +19,8 @@ const CLOSER_PROB: f32 = 0.25;
 pub struct Speculation {
     pub drafter: Box<dyn Drafter>,
     pub budget: TreeBudget,
+    /// The drafter was told the request ended ([`Drafter::end`]).
+    pub ended: bool,
 }
 
 /// Deepest useful tree after the pending token at position `pos`: within
@@ -89,7 +91,11 @@ pub fn draft_tree(
             }
             tokens.truncate(depth);
             probs.truncate(depth);
-            drafts.push(Draft { tokens, probs });
+            drafts.push(Draft {
+                tokens,
+                probs,
+                source: d.source,
+            });
         }
         let drafted: usize = drafts
             .iter()
@@ -98,7 +104,7 @@ pub fn draft_tree(
         budget.record_draft(drafted, t.elapsed().as_secs_f64());
     }
     if drafts.is_empty() && !forced.is_empty() {
-        drafts.push(Draft::uniform(forced.to_vec(), CERTAIN));
+        drafts.push(Draft::uniform(forced.to_vec(), CERTAIN).from(Source::Grammar));
     }
     for branch in closers {
         let mut tokens = forced.to_vec();
@@ -106,13 +112,17 @@ pub fn draft_tree(
         probs.push(CLOSER_PROB);
         probs.extend(std::iter::repeat_n(CERTAIN, branch.len() - 1));
         tokens.extend(branch);
-        drafts.push(Draft { tokens, probs });
+        drafts.push(Draft {
+            tokens,
+            probs,
+            source: Source::Grammar,
+        });
     }
     let mut full = TokenTree::build(&drafts, budget.max_nodes + forced.len());
     // Forced nodes have reach 1 and are the shallowest, so they come first
     // in the trie and in any cut.
     full.forced = forced.len().min(full.len());
-    let keep = budget.choose(&full).max(full.forced);
+    let keep = budget.choose(&mut full).max(full.forced);
     Ok(full.cut(keep))
 }
 

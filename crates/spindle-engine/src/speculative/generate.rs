@@ -138,7 +138,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             )?;
             policy.record_pass(batch.len(), t.elapsed().as_secs_f64());
             stats.accepted += w.accepted();
-            policy.record_acceptance(&tree, w.accepted(), w.rejected);
+            policy.record_acceptance(&tree, &w.nodes(), w.rejected);
             kv.commit(self.seq, &w.path)?;
             finish = w.finish;
         }

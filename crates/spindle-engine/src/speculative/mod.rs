@@ -4,8 +4,10 @@
 //!
 //! - [`drafter`]: what a drafter provides, and [`DraftSource`], which makes
 //!   one per sequence (`--spec` for `run`, `chat` and `serve`);
-//! - [`ngram_drafter`], [`draft_model_drafter`], [`combined_drafter`]: the
-//!   drafters;
+//! - [`ngram_drafter`], [`suffix_drafter`], [`draft_model_drafter`],
+//!   [`combined_drafter`]: the drafters; [`suffix_trie`] the counted
+//!   suffix trie behind suffix drafts, and [`traffic_cache`] the tries of
+//!   earlier requests' outputs, per tenant;
 //! - [`token_tree`]: drafts merged into a trie and cut to a node budget;
 //! - [`tree_budget`]: how many nodes are worth verifying next;
 //! - [`draft_step`]: the one draft step (ask the drafter, build the tree,
@@ -19,16 +21,21 @@ pub mod draft_step;
 pub mod drafter;
 pub mod generate;
 pub mod ngram_drafter;
+pub mod suffix_drafter;
+pub mod suffix_trie;
 pub mod token_tree;
+pub mod traffic_cache;
 pub mod tree_budget;
 pub mod verify;
 
 pub use combined_drafter::Combined;
 pub use draft_model_drafter::DraftModelDrafter;
 pub use draft_step::draft_tree;
-pub use drafter::{Draft, DraftSource, Drafter};
+pub use drafter::{Draft, DraftSource, Drafter, Source};
 pub use generate::{generate_speculative, generate_speculative_on};
 pub use ngram_drafter::NgramDrafter;
+pub use suffix_drafter::SuffixDrafter;
 pub use token_tree::TokenTree;
+pub use traffic_cache::{TrafficCache, TrafficConfig, TrafficStats};
 pub use tree_budget::{CostLine, TreeBudget};
 pub use verify::{walk, Walk};

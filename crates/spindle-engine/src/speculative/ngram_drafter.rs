@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::drafter::{Draft, Drafter};
+use super::drafter::{Draft, Drafter, Source};
 use crate::error::EngineError;
 
 /// Drafts continuations of earlier occurrences of the current suffix.
@@ -86,7 +86,11 @@ impl Drafter for NgramDrafter {
                 let first = (prior + (1.0 - prior) * share * 0.5).min(0.95);
                 let mut probs = vec![prior; tokens.len()];
                 probs[0] = first;
-                drafts.push(Draft { tokens, probs });
+                drafts.push(Draft {
+                    tokens,
+                    probs,
+                    source: Source::Ngram,
+                });
                 if drafts.len() >= self.max_candidates {
                     break;
                 }

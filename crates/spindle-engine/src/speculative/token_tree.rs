@@ -1,6 +1,8 @@
 //! Candidate continuations merged into a token trie (shared prefixes once),
 //! cut to a node budget by the probability that each node is reached.
 
+use super::drafter::Source;
+
 /// Deepest a tree may go (tokens drafted past the pending one).
 pub const MAX_DEPTH: usize = 16;
 
@@ -15,11 +17,14 @@ pub struct Node {
     pub depth: usize,
     /// Estimated probability that the verifier reaches this node: the
     /// product of acceptance estimates along its path (the largest over
-    /// drafts that share the path).
+    /// drafts that share the path), until the budget policy replaces it by
+    /// what it measured ([`super::TreeBudget::choose`]).
     pub reach: f32,
     /// Certain once its parent is accepted: every draft through it gave it
     /// probability exactly [`CERTAIN`] (the grammar forces it).
     pub certain: bool,
+    /// The sources that proposed it (bits of [`Source::bit`]).
+    pub sources: u8,
 }
 
 /// A draft probability that means "the grammar forces this token": only
@@ -59,6 +64,7 @@ impl TokenTree {
                     Some(at) => {
                         all[at].reach = all[at].reach.max(reach);
                         all[at].certain &= p == CERTAIN;
+                        all[at].sources |= d.source.bit();
                         at
                     }
                     None => {
@@ -68,6 +74,7 @@ impl TokenTree {
                             depth: i + 1,
                             reach,
                             certain: p == CERTAIN,
+                            sources: d.source.bit(),
                         });
                         all.len() - 1
                     }
@@ -165,6 +172,22 @@ impl TokenTree {
         self.nodes.is_empty()
     }
 
+    /// Nodes each source proposed, and how many of those a walk accepted
+    /// (`accepted`: the accepted nodes, in order), by [`Source::index`].
+    /// A node two sources proposed counts for both.
+    pub fn source_counts(&self, accepted: &[usize]) -> [(u64, u64); Source::COUNT] {
+        let mut counts = [(0u64, 0u64); Source::COUNT];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for s in Source::ALL {
+                if n.sources & s.bit() != 0 {
+                    counts[s.index()].0 += 1;
+                    counts[s.index()].1 += accepted.contains(&i) as u64;
+                }
+            }
+        }
+        counts
+    }
+
     /// The child of `parent` (`None`: the root) holding `token`.
     pub fn child(&self, parent: Option<usize>, token: u32) -> Option<usize> {
         self.nodes
@@ -217,6 +240,26 @@ mod tests {
             }
         }
         assert!(TokenTree::build(&[d(&[1, 2], 0.9)], 0).is_empty());
+    }
+
+    #[test]
+    fn merged_nodes_keep_every_source() {
+        let t = TokenTree::build(
+            &[
+                d(&[1, 2], 0.9).from(Source::Request),
+                d(&[1, 3], 0.5).from(Source::Traffic),
+            ],
+            16,
+        );
+        let both = Source::Request.bit() | Source::Traffic.bit();
+        assert_eq!(t.nodes[0].sources, both);
+        assert_eq!(t.nodes[1].sources, Source::Request.bit());
+        assert_eq!(t.nodes[2].sources, Source::Traffic.bit());
+        // The walk took 1 then 3.
+        let c = t.source_counts(&[0, 2]);
+        assert_eq!(c[Source::Request.index()], (2, 1));
+        assert_eq!(c[Source::Traffic.index()], (2, 2));
+        assert_eq!(c[Source::Ngram.index()], (0, 0));
     }
 
     #[test]

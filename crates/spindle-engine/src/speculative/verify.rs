@@ -37,6 +37,14 @@ impl Walk {
     pub fn accepted(&self) -> usize {
         self.path.len() - 1
     }
+
+    /// The tree nodes accepted, in order (row `root + 1 + i` is node `i`).
+    pub fn nodes(&self) -> Vec<usize> {
+        self.path[1..]
+            .iter()
+            .map(|r| r - self.path[0] - 1)
+            .collect()
+    }
 }
 
 /// Walks `tree`, verified in the pass behind batch row `root` (tree node

@@ -50,6 +50,7 @@ pub fn tokens_until_finished(
         match rx.blocking_recv().expect("the engine answers") {
             Event::Token { id, .. } => tokens.push(id),
             Event::Finished(_) => return tokens,
+            Event::Speculated { drafted, accepted } => assert!(accepted <= drafted),
             other => panic!("{other:?}"),
         }
     }
