@@ -274,21 +274,29 @@ impl Metrics {
                 get(v)
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP spindle:spec_decode_num_draft_tokens_by_source_total Drafted tokens verified, by draft source (a token two sources proposed counts for both).\n# TYPE spindle:spec_decode_num_draft_tokens_by_source_total counter"
-        );
-        for s in Source::ALL {
-            let n = get(&self.spec_by_source[s.index()].0);
-            let _ = writeln!(out, "spindle:spec_decode_num_draft_tokens_by_source_total{{model_name=\"{model}\",source=\"{}\"}} {n}", s.name());
-        }
-        let _ = writeln!(
-            out,
-            "# HELP spindle:spec_decode_num_accepted_tokens_by_source_total Drafted tokens accepted, by draft source.\n# TYPE spindle:spec_decode_num_accepted_tokens_by_source_total counter"
-        );
-        for s in Source::ALL {
-            let n = get(&self.spec_by_source[s.index()].1);
-            let _ = writeln!(out, "spindle:spec_decode_num_accepted_tokens_by_source_total{{model_name=\"{model}\",source=\"{}\"}} {n}", s.name());
+        let by_source = [
+            (
+                "spindle:spec_decode_num_draft_tokens_by_source_total",
+                "Drafted tokens verified, by draft source (a token two sources proposed counts for both).",
+                false,
+            ),
+            (
+                "spindle:spec_decode_num_accepted_tokens_by_source_total",
+                "Drafted tokens accepted, by draft source.",
+                true,
+            ),
+        ];
+        for (name, help, accepted) in by_source {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for s in Source::ALL {
+                let (d, a) = &self.spec_by_source[s.index()];
+                let n = get(if accepted { a } else { d });
+                let source = s.name();
+                let _ = writeln!(
+                    out,
+                    "{name}{{model_name=\"{model}\",source=\"{source}\"}} {n}"
+                );
+            }
         }
         for (name, help, v) in [
             (
