@@ -85,7 +85,6 @@ impl EngineLoop {
                 drafter.begin(&w.req.tenant);
                 Speculation {
                     drafter,
-                    ended: false,
                     budget: if self.config.fixed_tree_budget {
                         TreeBudget::fixed(b)
                     } else {

@@ -62,10 +62,11 @@ impl Sequence {
     }
 
     /// Tells its drafter the request is over: what it produced may draft
-    /// later requests. Once (later calls do nothing).
+    /// later requests. Called once: when it finishes
+    /// ([`super::step::finish`]) or, unfinished, when its client went away.
     pub fn end_drafts(&mut self) {
         if let Some(s) = &mut self.speculation {
-            if !std::mem::replace(&mut s.ended, true) && self.generated > 0 {
+            if self.generated > 0 {
                 s.drafter.end(&self.history, self.req.prompt.len());
             }
         }

@@ -19,8 +19,6 @@ const CLOSER_PROB: f32 = 0.25;
 pub struct Speculation {
     pub drafter: Box<dyn Drafter>,
     pub budget: TreeBudget,
-    /// The drafter was told the request ended ([`Drafter::end`]).
-    pub ended: bool,
 }
 
 /// Deepest useful tree after the pending token at position `pos`: within

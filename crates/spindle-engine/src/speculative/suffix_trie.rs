@@ -45,6 +45,8 @@ pub struct SuffixTrie {
     /// For [`SuffixTrie::append`]: the nodes of the substrings that end at
     /// the last appended token, longest first.
     active: Vec<u32>,
+    /// The next `active`, kept to reuse its memory.
+    spare: Vec<u32>,
 }
 
 /// Where the text so far was found: a node and the length of the suffix
@@ -91,6 +93,7 @@ impl SuffixTrie {
             depth: depth.max(1),
             live: 1,
             active: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -114,7 +117,7 @@ impl SuffixTrie {
     pub fn bytes(&self) -> usize {
         self.nodes.capacity() * NODE_BYTES
             + self.roots.capacity() * 2 * std::mem::size_of::<u32>()
-            + self.active.capacity() * std::mem::size_of::<u32>()
+            + (self.active.capacity() + self.spare.capacity()) * std::mem::size_of::<u32>()
     }
 
     fn child(&self, node: u32, token: u32) -> u32 {
@@ -248,7 +251,8 @@ impl SuffixTrie {
     /// Appends one token to a text that grows (a request's prompt and
     /// output): the substrings ending at it are counted, in `O(depth)`.
     pub fn append(&mut self, token: u32) {
-        let mut next = Vec::with_capacity(self.depth);
+        let mut next = std::mem::take(&mut self.spare);
+        next.clear();
         let active = std::mem::take(&mut self.active);
         for &a in &active {
             if (self.nodes[a as usize].depth as usize) < self.depth {
@@ -257,6 +261,7 @@ impl SuffixTrie {
         }
         next.push(self.touch_child(ROOT, token, 0));
         self.active = next;
+        self.spare = active;
     }
 
     /// Empties the trie, keeping its memory for the next text.

@@ -345,9 +345,7 @@ impl Acceptance {
             .iter()
             .filter(|s| sources & s.bit() != 0)
             .map(|&s| self.of(s, depth))
-            .fold(None, |best: Option<f64>, q| {
-                Some(best.map_or(q, |b| b.max(q)))
-            })
+            .reduce(f64::max)
             .unwrap_or(GO_ON_PRIOR)
     }
 
