@@ -2,6 +2,7 @@
 SIMD extensions, a server process on a port, percentiles."""
 
 import http.client
+import os
 import platform
 import subprocess
 import time
@@ -15,11 +16,19 @@ def cpu_name():
 
 
 class Server:
-    """A server process on a free port; `cmd` gets the port appended."""
+    """A server process on a free port; `cmd` gets the port appended.
+    With BENCH_SERVER_LOG=DIR set, each server's standard error goes to
+    DIR/<program>-<port>.log (for pass logs: SPINDLE_LOG=spindle_engine=debug)."""
 
     def __init__(self, cmd, port, ready_path):
         self.port = port
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log_dir = os.environ.get("BENCH_SERVER_LOG")
+        err = subprocess.DEVNULL
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            name = os.path.basename(cmd[0])
+            err = open(os.path.join(log_dir, f"{name}-{port}.log"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         for _ in range(600):
             try:
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)

@@ -81,11 +81,54 @@ pub fn sample(cfg: &SamplerConfig, logits: &[f32], history: &[u32], position: us
     if cfg.is_greedy() {
         return argmax(logits);
     }
-    let candidates = filter(cfg, logits);
     let inv_t = 1.0 / cfg.temperature as f64;
-    let mut best = (f64::NEG_INFINITY, candidates.first().map_or(0, |c| c.0));
-    for &(id, logit) in &candidates {
-        let score = logit as f64 * inv_t + gumbel(cfg.seed, position as u64, id as u64);
+    if cfg.filters_nothing() {
+        let all = logits.iter().enumerate().map(|(i, &l)| (i as u32, l));
+        return gumbel_argmax(all, inv_t, cfg.seed, position as u64);
+    }
+    let candidates = filter(cfg, logits);
+    gumbel_argmax(candidates.into_iter(), inv_t, cfg.seed, position as u64)
+}
+
+/// `argmax(logit/T + g)` over `candidates` (the lowest id wins a tie),
+/// without computing most of the Gumbel variates.
+///
+/// Every variate costs two logarithms, and over a 262k-token vocabulary
+/// those dominated sampling. The score of the most likely candidate is a
+/// lower bound `b` on the best; a candidate whose score cannot reach `b`
+/// is skipped on its logit alone (against the largest variate there is),
+/// or on its uniform draw (a hash, no logarithm): below [`SMALL_U`] its
+/// variate is at most that of `SMALL_U`. The variate is non-decreasing in
+/// the draw and rounding keeps that order, so only candidates that
+/// compare strictly below `b` are skipped: the token is the one the full
+/// loop would choose, bit for bit.
+fn gumbel_argmax(
+    candidates: impl Iterator<Item = (u32, f32)> + Clone,
+    inv_t: f64,
+    seed: u64,
+    position: u64,
+) -> u32 {
+    let keyed = key(seed, position);
+    let Some((top_id, top_logit)) = candidates
+        .clone()
+        .reduce(|a, b| if b.1 > a.1 { b } else { a })
+    else {
+        return 0;
+    };
+    let bound = top_logit as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
+    let g_max = gumbel_of(MAX_U);
+    let g_small = gumbel_of(SMALL_U);
+    let mut best = (f64::NEG_INFINITY, top_id);
+    for (id, logit) in candidates {
+        let x = logit as f64 * inv_t;
+        if x + g_max < bound {
+            continue;
+        }
+        let u = draw(keyed, id as u64);
+        if u <= SMALL_U && x + g_small < bound {
+            continue;
+        }
+        let score = x + gumbel_of(u);
         if score > best.0 || (score == best.0 && id < best.1) {
             best = (score, id);
         }
@@ -190,13 +233,33 @@ fn filter(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
     cands
 }
 
-/// A standard Gumbel variate keyed by (seed, position, token).
-fn gumbel(seed: u64, position: u64, token: u64) -> f64 {
-    let h = mix(mix(mix(seed ^ 0x9E37_79B9_7F4A_7C15) ^ position)
-        ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+/// Draws above this are rare (1 - `SMALL_U` of them: 0.7%), and below it
+/// a variate is at most ~5.
+const SMALL_U: f64 = 0.993_284_702_067_841_8;
+/// The largest draw [`draw`] makes.
+const MAX_U: f64 = ((u64::MAX >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+
+/// The part of the generator's key shared by every token at one position.
+fn key(seed: u64, position: u64) -> u64 {
+    mix(mix(seed ^ 0x9E37_79B9_7F4A_7C15) ^ position)
+}
+
+/// A uniform draw in (0, 1) keyed by (seed, position, token).
+fn draw(key: u64, token: u64) -> f64 {
+    let h = mix(key ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93));
     // 53 random bits -> u in (0, 1).
-    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+/// The standard Gumbel variate of draw `u`.
+fn gumbel_of(u: f64) -> f64 {
     -(-u.ln()).ln()
+}
+
+/// A standard Gumbel variate keyed by (seed, position, token).
+#[cfg(test)]
+fn gumbel(seed: u64, position: u64, token: u64) -> f64 {
+    gumbel_of(draw(key(seed, position), token))
 }
 
 /// SplitMix64 finaliser: a bijective, well-mixed hash of 64 bits.
@@ -210,6 +273,52 @@ fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The full Gumbel-max loop, every variate computed: the reference the
+    /// pruned [`gumbel_argmax`] must match.
+    fn full_loop(cands: &[(u32, f32)], inv_t: f64, seed: u64, position: u64) -> u32 {
+        let mut best = (f64::NEG_INFINITY, cands.first().map_or(0, |c| c.0));
+        for &(id, logit) in cands {
+            let score = logit as f64 * inv_t + gumbel(seed, position, id as u64);
+            if score > best.0 || (score == best.0 && id < best.1) {
+                best = (score, id);
+            }
+        }
+        best.1
+    }
+
+    #[test]
+    fn pruned_gumbel_max_chooses_what_the_full_loop_chooses() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for trial in 0..400u64 {
+            // Flat, peaked and tied logit sets, at low and high temperature.
+            let n = [2usize, 50, 5000][trial as usize % 3];
+            let spread = [0.5f32, 8.0, 30.0][(trial / 3) as usize % 3];
+            let mut cands: Vec<(u32, f32)> =
+                (0..n).map(|i| (i as u32 * 3, next() * spread)).collect();
+            if trial % 7 == 0 {
+                let top = cands[0].1;
+                cands[n / 2].1 = top;
+            }
+            let inv_t = 1.0 / [0.1f64, 0.8, 1.5, 5.0][(trial / 9) as usize % 4];
+            let (seed, pos) = (trial * 31 + 5, trial * 7);
+            let want = full_loop(&cands, inv_t, seed, pos);
+            let got = gumbel_argmax(cands.iter().copied(), inv_t, seed, pos);
+            assert_eq!(
+                got, want,
+                "trial {trial}: n {n} spread {spread} 1/T {inv_t}"
+            );
+        }
+        // The bound on the variates below SMALL_U holds.
+        assert!(gumbel_of(SMALL_U) < 5.0 + 1e-9 && gumbel_of(SMALL_U) > 5.0 - 1e-9);
+        assert!(gumbel_of(MAX_U) > 36.0);
+    }
 
     fn hot(n: usize, peaks: &[(usize, f32)]) -> Vec<f32> {
         let mut l = vec![-10.0f32; n];
