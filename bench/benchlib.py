@@ -29,6 +29,8 @@ class Server:
             name = os.path.basename(cmd[0])
             err = open(os.path.join(log_dir, f"{name}-{port}.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        if err is not subprocess.DEVNULL:
+            err.close()  # the server holds its own copy
         for _ in range(600):
             try:
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)

@@ -237,7 +237,7 @@ fn filter(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
 /// a variate is at most ~5.
 const SMALL_U: f64 = 0.993_284_702_067_841_8;
 /// The largest draw [`draw`] makes.
-const MAX_U: f64 = ((u64::MAX >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+const MAX_U: f64 = unit(u64::MAX >> 11);
 
 /// The part of the generator's key shared by every token at one position.
 fn key(seed: u64, position: u64) -> u64 {
@@ -247,8 +247,12 @@ fn key(seed: u64, position: u64) -> u64 {
 /// A uniform draw in (0, 1) keyed by (seed, position, token).
 fn draw(key: u64, token: u64) -> f64 {
     let h = mix(key ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93));
-    // 53 random bits -> u in (0, 1).
-    ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    unit(h >> 11)
+}
+
+/// 53 random bits -> u in (0, 1).
+const fn unit(bits: u64) -> f64 {
+    (bits as f64 + 0.5) / (1u64 << 53) as f64
 }
 
 /// The standard Gumbel variate of draw `u`.
@@ -303,7 +307,8 @@ mod tests {
             let mut cands: Vec<(u32, f32)> =
                 (0..n).map(|i| (i as u32 * 3, next() * spread)).collect();
             if trial % 7 == 0 {
-                let top = cands[0].1;
+                // Two candidates share the largest logit.
+                let top = cands.iter().map(|c| c.1).fold(f32::MIN, f32::max);
                 cands[n / 2].1 = top;
             }
             let inv_t = 1.0 / [0.1f64, 0.8, 1.5, 5.0][(trial / 9) as usize % 4];
