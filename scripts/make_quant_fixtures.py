@@ -47,9 +47,39 @@ def crafted_block(qtype):
         b[0:4] = f16_bytes([random_scale(signed=False), random_scale(signed=False)])
     elif qtype == T.Q6_K:
         b[208:210] = f16_bytes([random_scale()])
+    elif qtype in F16_SCALES:
+        for at, signed in F16_SCALES[qtype]:
+            b[at:at + 2] = f16_bytes([random_scale(signed=signed)])
+    elif qtype == T.MXFP4:
+        b[0] = rng.integers(100, 140)  # E8M0 exponent: a moderate power of two
+    elif qtype == T.IQ1_M:
+        # The f16 `d` sits in the top nibbles of the last four u16 words.
+        d = int(f16_bytes([random_scale()]).view(np.uint16)[0])
+        w = b[48:56].view(np.uint16)
+        for i in range(4):
+            w[i] = (int(w[i]) & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
     else:
         raise ValueError(qtype)
     return b
+
+
+# Types added later: their f16 scales as (byte offset, signed).
+F16_SCALES = {
+    T.Q4_1: [(0, False), (2, True)],
+    T.Q5_1: [(0, False), (2, True)],
+    T.IQ4_NL: [(0, True)],
+    T.IQ4_XS: [(0, True)],
+    T.Q2_K: [(80, False), (82, False)],
+    T.Q3_K: [(108, True)],
+    T.TQ1_0: [(52, True)],
+    T.TQ2_0: [(64, True)],
+    T.IQ2_XXS: [(0, True)],
+    T.IQ2_XS: [(0, True)],
+    T.IQ2_S: [(0, True)],
+    T.IQ3_XXS: [(0, True)],
+    T.IQ3_S: [(0, True)],
+    T.IQ1_S: [(0, True)],
+}
 
 
 def write(name, qtype_for_ref, raw_rows, cols):
@@ -123,11 +153,42 @@ def k_block_fixtures():
         write(name, qtype, rows, 256)
 
 
+def later_fixtures():
+    """Types added after the first fixtures, from their own seed (so the
+    earlier files stay byte-identical): rows gguf-py quantizes where it can,
+    crafted random blocks, and a block of all-ones bit patterns."""
+    global rng
+    rng = np.random.default_rng(20261202)
+    quantizable = (T.Q4_1, T.Q5_1, T.TQ1_0, T.TQ2_0, T.MXFP4)
+    for qtype in (T.Q4_1, T.Q5_1, T.IQ4_NL, T.MXFP4, T.Q2_K, T.Q3_K, T.IQ4_XS, T.TQ1_0, T.TQ2_0,
+                  T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M):
+        block_len, size = quants.GGML_QUANT_SIZES[qtype]
+        cols = 64 if block_len == 32 else 256
+        rows = []
+        if qtype in quantizable:
+            x = rng.standard_normal(cols).astype(np.float32)
+            rows.append(quants.quantize(x.reshape(1, -1), qtype).ravel())
+        rows.append(np.concatenate([crafted_block(qtype) for _ in range(cols // block_len)]))
+        rows.append(np.concatenate([crafted_block(qtype) for _ in range(cols // block_len)]))
+        ones = np.full(size * (cols // block_len), 0xFF, dtype=np.uint8)
+        for b in range(cols // block_len):
+            blk = ones[b * size:(b + 1) * size]
+            if qtype == T.MXFP4:
+                blk[0] = 127
+            if qtype == T.IQ1_M:
+                blk[48:56].view(np.uint16)[:] = 0x0FFF | (0x3 << 12)  # d = f16 0x3333
+            for at, _ in F16_SCALES.get(qtype, []):
+                blk[at:at + 2] = f16_bytes([0.125])
+        rows.append(ones)
+        write(qtype.name, qtype, rows, cols)
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     float_fixtures()
     small_block_fixtures()
     k_block_fixtures()
+    later_fixtures()
 
 
 if __name__ == "__main__":

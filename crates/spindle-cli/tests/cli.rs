@@ -143,9 +143,10 @@ fn unsupported_architecture_is_a_clear_error() {
     );
 }
 
-/// A minimal, self-consistent Llama GGUF v3 whose embedding is Q4_1, a type
-/// Spindle does not compute with.
-fn gguf_with_q4_1() -> Vec<u8> {
+/// A minimal, self-consistent Llama GGUF v3 whose embedding is Q8_1 (an
+/// activation type no model file should hold), a type Spindle does not
+/// compute with.
+fn gguf_with_q8_1() -> Vec<u8> {
     let mut b = Vec::new();
     let s = |b: &mut Vec<u8>, t: &str| {
         b.extend((t.len() as u64).to_le_bytes());
@@ -173,25 +174,25 @@ fn gguf_with_q4_1() -> Vec<u8> {
     b.extend(2u32.to_le_bytes());
     b.extend(32u64.to_le_bytes());
     b.extend(4u64.to_le_bytes());
-    b.extend(3u32.to_le_bytes()); // Q4_1
+    b.extend(9u32.to_le_bytes()); // Q8_1
     b.extend(0u64.to_le_bytes());
     while b.len() % 32 != 0 {
         b.push(0);
     }
-    b.extend(vec![0u8; 4 * 20]);
+    b.extend(vec![0u8; 4 * 36]);
     b
 }
 
 #[test]
 fn unsupported_tensor_type_names_the_tensor_and_type() {
-    let p = tmp("q41.gguf", &gguf_with_q4_1());
+    let p = tmp("q81.gguf", &gguf_with_q8_1());
     fails_with(
         &["score", "-m", p.to_str().unwrap(), "--ids", "1,2"],
         "token_embd.weight",
     );
     fails_with(
         &["score", "-m", p.to_str().unwrap(), "--ids", "1,2"],
-        "Q4_1",
+        "Q8_1",
     );
 }
 

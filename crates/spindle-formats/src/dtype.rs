@@ -11,27 +11,59 @@ use std::fmt;
 pub enum GgmlType {
     F32,
     F16,
-    Q4_0,
-    Q5_0,
+    BF16,
     Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    IQ4_NL,
+    MXFP4,
+    Q2_K,
+    Q3_K,
     Q4_K,
     Q5_K,
     Q6_K,
-    BF16,
+    IQ4_XS,
+    TQ1_0,
+    TQ2_0,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ3_XXS,
+    IQ3_S,
+    IQ1_S,
+    IQ1_M,
 }
 
 impl GgmlType {
     /// All types Spindle can compute with.
-    pub const ALL: [GgmlType; 9] = [
+    pub const ALL: [GgmlType; 25] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
+        GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::IQ4_NL,
+        GgmlType::MXFP4,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
     ];
 
     /// The type for a GGUF type id, or `None` when Spindle does not support it.
@@ -40,12 +72,28 @@ impl GgmlType {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
             6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
             30 => GgmlType::BF16,
+            34 => GgmlType::TQ1_0,
+            35 => GgmlType::TQ2_0,
+            39 => GgmlType::MXFP4,
+            16 => GgmlType::IQ2_XXS,
+            17 => GgmlType::IQ2_XS,
+            22 => GgmlType::IQ2_S,
+            18 => GgmlType::IQ3_XXS,
+            21 => GgmlType::IQ3_S,
+            19 => GgmlType::IQ1_S,
+            29 => GgmlType::IQ1_M,
             _ => return None,
         })
     }
@@ -55,13 +103,29 @@ impl GgmlType {
         match self {
             GgmlType::F32 => 0,
             GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q5_0 => 6,
+            GgmlType::BF16 => 30,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::MXFP4 => 39,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
-            GgmlType::BF16 => 30,
+            GgmlType::IQ4_XS => 23,
+            GgmlType::TQ1_0 => 34,
+            GgmlType::TQ2_0 => 35,
+            GgmlType::IQ2_XXS => 16,
+            GgmlType::IQ2_XS => 17,
+            GgmlType::IQ2_S => 22,
+            GgmlType::IQ3_XXS => 18,
+            GgmlType::IQ3_S => 21,
+            GgmlType::IQ1_S => 19,
+            GgmlType::IQ1_M => 29,
         }
     }
 
@@ -69,8 +133,28 @@ impl GgmlType {
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => 32,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::IQ4_NL
+            | GgmlType::MXFP4 => 32,
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS
+            | GgmlType::TQ1_0
+            | GgmlType::TQ2_0
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M => 256,
         }
     }
 
@@ -79,12 +163,25 @@ impl GgmlType {
         match self {
             GgmlType::F32 => 4,
             GgmlType::F16 | GgmlType::BF16 => 2,
-            GgmlType::Q4_0 => 18,
-            GgmlType::Q5_0 => 22,
             GgmlType::Q8_0 => 34,
+            GgmlType::Q4_0 | GgmlType::IQ4_NL => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::MXFP4 => 17,
+            GgmlType::Q2_K => 84,
+            GgmlType::Q3_K | GgmlType::IQ3_S => 110,
             GgmlType::Q4_K => 144,
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
+            GgmlType::IQ4_XS => 136,
+            GgmlType::TQ1_0 => 54,
+            GgmlType::TQ2_0 | GgmlType::IQ2_XXS => 66,
+            GgmlType::IQ2_XS => 74,
+            GgmlType::IQ2_S => 82,
+            GgmlType::IQ3_XXS => 98,
+            GgmlType::IQ1_S => 50,
+            GgmlType::IQ1_M => 56,
         }
     }
 
@@ -104,12 +201,28 @@ impl GgmlType {
             GgmlType::F32 => "F32",
             GgmlType::F16 => "F16",
             GgmlType::BF16 => "BF16",
-            GgmlType::Q4_0 => "Q4_0",
-            GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::MXFP4 => "MXFP4",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
+            GgmlType::IQ4_XS => "IQ4_XS",
+            GgmlType::TQ1_0 => "TQ1_0",
+            GgmlType::TQ2_0 => "TQ2_0",
+            GgmlType::IQ2_XXS => "IQ2_XXS",
+            GgmlType::IQ2_XS => "IQ2_XS",
+            GgmlType::IQ2_S => "IQ2_S",
+            GgmlType::IQ3_XXS => "IQ3_XXS",
+            GgmlType::IQ3_S => "IQ3_S",
+            GgmlType::IQ1_S => "IQ1_S",
+            GgmlType::IQ1_M => "IQ1_M",
         }
     }
 }
@@ -186,6 +299,8 @@ const TYPE_TABLE: &[TypeInfo] = &[
     t(34, "TQ1_0", 256, 54),
     t(35, "TQ2_0", 256, 66),
     t(39, "MXFP4", 32, 17),
+    t(40, "NVFP4", 64, 36),
+    t(41, "Q1_0", 128, 18),
 ];
 
 const fn t(id: u32, name: &'static str, block_len: u64, block_bytes: u64) -> TypeInfo {
@@ -234,10 +349,10 @@ mod tests {
                 assert_ne!(a.id, b.id);
             }
         }
-        for id in [4, 5, 31, 32, 33, 36, 37, 38, 40, 1000, u32::MAX] {
+        for id in [4, 5, 31, 32, 33, 36, 37, 38, 1000, u32::MAX] {
             assert!(type_info(id).is_none(), "id {id}");
         }
-        assert_eq!(unsupported_type_name(3), "Q4_1 (type id 3)");
+        assert_eq!(unsupported_type_name(16), "IQ2_XXS (type id 16)");
         assert_eq!(unsupported_type_name(4), "type id 4");
     }
 }

@@ -286,7 +286,7 @@ pub fn all_kinds_metadata() -> Vec<(String, MetaValue)> {
 pub const GGML_F32: u32 = 0;
 pub const GGML_F16: u32 = 1;
 pub const GGML_Q4_0: u32 = 2;
-pub const GGML_Q4_1: u32 = 3;
+pub const GGML_Q8_1: u32 = 9;
 pub const GGML_Q8_0: u32 = 8;
 pub const GGML_Q4_K: u32 = 12;
 pub const GGML_Q6_K: u32 = 14;
@@ -316,10 +316,10 @@ pub fn sample_builder() -> GgufBuilder {
         filler(144, 4),
     ))
     .tensor(TensorSpec::new(
-        "q41.weight",
+        "q81.weight",
         &[32],
-        GGML_Q4_1,
-        filler(20, 5),
+        GGML_Q8_1,
+        filler(36, 5),
     ))
     .tensor(TensorSpec::new("bf16.bias", &[3], GGML_BF16, filler(6, 6)))
 }

@@ -11,10 +11,21 @@ use spindle_formats::GgmlType;
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[0],
+        GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        // Q2_K: 16 scale bytes and 64 of codes, then d and dmin.
+        GgmlType::Q2_K => &[80, 82],
+        // Q3_K: 32 bytes of high bits, 64 of low bits, 12 of scales, then d.
+        GgmlType::Q3_K => &[108],
+        GgmlType::TQ1_0 => &[52],
+        GgmlType::TQ2_0 => &[64],
         // Q6_K: 128 bytes of low bits, 64 of high bits, 16 scales, then d.
         GgmlType::Q6_K => &[208],
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => &[],
+        // MXFP4's scale is a power of two, finite for every byte; IQ1_M's
+        // f16 is spread over four words (the full scan finds it).
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::MXFP4 | GgmlType::IQ1_M => &[],
     }
 }
 
@@ -71,14 +82,10 @@ mod tests {
 
     #[test]
     fn a_nan_or_infinite_scale_is_found_in_its_block() {
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q5_0,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in GgmlType::ALL
+            .into_iter()
+            .filter(|&t| !scale_offsets(t).is_empty())
+        {
             let bb = ty.block_bytes();
             // Zeros are valid blocks of every type (scale 0.0).
             let data = vec![0u8; bb * 5];

@@ -10,13 +10,29 @@
 
 pub mod finite;
 pub mod float;
+pub mod iq1_m;
+pub mod iq1_s;
+pub mod iq2_s;
+pub mod iq2_xs;
+pub mod iq2_xxs;
+pub mod iq3_s;
+pub mod iq3_xxs;
+pub mod iq4_nl;
+pub mod iq4_xs;
+pub mod mxfp4;
+pub mod q2_k;
+pub mod q3_k;
 pub mod q4_0;
+pub mod q4_1;
 pub mod q4_k;
 pub mod q5_0;
+pub mod q5_1;
 pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 pub mod q8_act;
+pub mod tq1_0;
+pub mod tq2_0;
 
 use crate::error::KernelError;
 use crate::simd::tree8;
@@ -47,6 +63,22 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         GgmlType::Q4_K => q4_k::dequantize(src, dst),
         GgmlType::Q5_K => q5_k::dequantize(src, dst),
         GgmlType::Q6_K => q6_k::dequantize(src, dst),
+        GgmlType::Q4_1 => q4_1::dequantize(src, dst),
+        GgmlType::Q5_1 => q5_1::dequantize(src, dst),
+        GgmlType::IQ4_NL => iq4_nl::dequantize(src, dst),
+        GgmlType::MXFP4 => mxfp4::dequantize(src, dst),
+        GgmlType::Q2_K => q2_k::dequantize(src, dst),
+        GgmlType::Q3_K => q3_k::dequantize(src, dst),
+        GgmlType::IQ4_XS => iq4_xs::dequantize(src, dst),
+        GgmlType::TQ1_0 => tq1_0::dequantize(src, dst),
+        GgmlType::TQ2_0 => tq2_0::dequantize(src, dst),
+        GgmlType::IQ2_XXS => iq2_xxs::dequantize(src, dst),
+        GgmlType::IQ2_XS => iq2_xs::dequantize(src, dst),
+        GgmlType::IQ2_S => iq2_s::dequantize(src, dst),
+        GgmlType::IQ3_XXS => iq3_xxs::dequantize(src, dst),
+        GgmlType::IQ3_S => iq3_s::dequantize(src, dst),
+        GgmlType::IQ1_S => iq1_s::dequantize(src, dst),
+        GgmlType::IQ1_M => iq1_m::dequantize(src, dst),
     }
     Ok(())
 }
@@ -104,6 +136,9 @@ pub(crate) fn k_scales_mins(p: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 }
 
 pub(crate) mod block32;
+pub(crate) mod decoded;
+mod grid;
+mod iq_grids;
 pub(crate) mod multi_row;
 
 /// Scalar reference dot of one Q4_K/Q5_K weight row (whole super-blocks of

@@ -37,12 +37,7 @@ impl ActFormat {
     pub fn for_weights(ty: GgmlType) -> Option<ActFormat> {
         match ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
-            GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q5_0
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K => Some(ActFormat::Block32),
+            _ => Some(ActFormat::Block32),
         }
     }
 }

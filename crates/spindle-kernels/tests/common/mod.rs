@@ -52,18 +52,41 @@ pub fn random_weights(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) 
             let mut out = vec![0u8; nb * bb];
             for block in out.chunks_exact_mut(bb) {
                 rng.fill(block);
-                match ty {
-                    GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                        block[0..2].copy_from_slice(&f16_bytes(scale(rng, true)));
+                // f16 scales: (offset, signed).
+                let scales: &[(usize, bool)] = match ty {
+                    GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[(0, true)],
+                    GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[(0, true)],
+                    GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[(0, true)],
+                    GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[(0, true)],
+                    // IQ1_M: the f16 lives in the top nibbles of the last 4
+                    // words; random bits there can be NaN, so set them.
+                    GgmlType::IQ1_M => {
+                        let d = f16::from_f32(scale(rng, true)).to_bits();
+                        for i in 0..4 {
+                            let at = 48 + 2 * i;
+                            let w = u16::from_le_bytes([block[at], block[at + 1]]);
+                            let top = (d >> (4 * i)) & 0xF;
+                            let w = (w & 0x0FFF) | (top << 12);
+                            block[at..at + 2].copy_from_slice(&w.to_le_bytes());
+                        }
+                        &[]
                     }
-                    GgmlType::Q4_K | GgmlType::Q5_K => {
-                        block[0..2].copy_from_slice(&f16_bytes(scale(rng, false)));
-                        block[2..4].copy_from_slice(&f16_bytes(scale(rng, false)));
-                    }
-                    GgmlType::Q6_K => {
-                        block[208..210].copy_from_slice(&f16_bytes(scale(rng, true)));
+                    GgmlType::Q4_K | GgmlType::Q5_K => &[(0, false), (2, false)],
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => &[(0, false), (2, true)],
+                    GgmlType::Q6_K => &[(208, true)],
+                    GgmlType::Q2_K => &[(80, false), (82, false)],
+                    GgmlType::Q3_K => &[(108, true)],
+                    GgmlType::TQ1_0 => &[(52, true)],
+                    GgmlType::TQ2_0 => &[(64, true)],
+                    GgmlType::MXFP4 => {
+                        // A power-of-two scale near 2^-6.
+                        block[0] = rng.random_range(115..128);
+                        &[]
                     }
                     _ => unreachable!(),
+                };
+                for &(at, signed) in scales {
+                    block[at..at + 2].copy_from_slice(&f16_bytes(scale(rng, signed)));
                 }
             }
             out

@@ -67,8 +67,13 @@ pub(crate) enum Fold {
     /// (Q4_K, Q5_K).
     KMin,
     /// [`fold_scaled`] with the super-block scale `d`; the integer dot carries
-    /// the two 16-value sub-block scales (Q6_K).
+    /// the two 16-value sub-block scales (Q6_K, Q3_K).
     Q6,
+    /// [`fold_scaled_min`] with the super-block scale `d` and min `dmin`: the
+    /// integer dot carries the two 16-value sub-block scales (as `Q6`), and
+    /// the min term is the exact `mn[0] * sum(a[0..16]) + mn[1] *
+    /// sum(a[16..32])` (Q2_K).
+    Q2,
 }
 
 /// One 32-value weight block decoded for the scalar multi-row path.
@@ -81,8 +86,10 @@ pub(crate) struct Decoded {
     pub f0: f32,
     /// `KMin`: `dmin * min`.
     pub f1: f32,
-    /// `Q6`: the scales of values 0..16 and 16..32.
+    /// `Q6`, `Q2`: the scales of values 0..16 and 16..32.
     pub sc: [i8; 2],
+    /// `Q2`: the mins of values 0..16 and 16..32.
+    pub mn: [u8; 2],
 }
 
 /// A group of 8 weight blocks of one row, packed for the AVX2 micro-kernel.
@@ -99,19 +106,22 @@ pub(crate) struct WGroup {
     /// Signed types: the signed values, vertical (their signs are applied to
     /// the activations).
     pub s: [i8; 256],
-    /// `Q6`: int16 multipliers widening the pair sums of steps 0..4 (`sc[0]`)
-    /// and 4..8 (`sc[1]`): both halves of 32-bit lane `j` hold the scale of
-    /// block `j`'s values 0..16, resp. 16..32.
+    /// `Q6`, `Q2`: int16 multipliers widening the pair sums of steps 0..4
+    /// (`sc[0]`) and 4..8 (`sc[1]`): both halves of 32-bit lane `j` hold the
+    /// scale of block `j`'s values 0..16, resp. 16..32.
     pub sc: [[i16; 16]; 2],
+    /// `Q2`: per block, the mins of values 0..16 (`mn[0]`) and 16..32.
+    pub mn: [[i32; 8]; 2],
 }
 
 impl WGroup {
-    const ZERO: WGroup = WGroup {
+    pub(crate) const ZERO: WGroup = WGroup {
         u: [0; 256],
         f0: [0.0; 8],
         f1: [0.0; 8],
         s: [0; 256],
         sc: [[0; 16]; 2],
+        mn: [[0; 8]; 2],
     };
 }
 
@@ -128,6 +138,8 @@ pub(crate) struct ActGroup {
     pub corr: [i32; 8],
     /// `KMin`: the block sums as f32.
     pub asum: [f32; 8],
+    /// `Q2`: per block, the sums of values 0..16 (`hsum[0]`) and 16..32.
+    pub hsum: [[i32; 8]; 2],
 }
 
 impl ActGroup {
@@ -136,6 +148,7 @@ impl ActGroup {
         d: [0.0; 8],
         corr: [0; 8],
         asum: [0.0; 8],
+        hsum: [[0; 8]; 2],
     };
 }
 
@@ -243,6 +256,15 @@ fn dot_decoded<T: MultiRow>(w: &[Decoded], a: ActRow<'_>) -> f32 {
                 };
                 let isum = blk.sc[0] as i32 * half(0) + blk.sc[1] as i32 * half(1);
                 fold_scaled(lane, blk.f0, a.d[b], isum);
+            }
+            Fold::Q2 => {
+                let half = |h: usize, by: &dyn Fn(usize) -> i32| -> i32 {
+                    (16 * h..16 * h + 16).map(|l| by(l) * aq[l] as i32).sum()
+                };
+                let value = |l: usize| blk.v[l] as i32;
+                let isum = blk.sc[0] as i32 * half(0, &value) + blk.sc[1] as i32 * half(1, &value);
+                let msum = blk.mn[0] as i32 * half(0, &|_| 1) + blk.mn[1] as i32 * half(1, &|_| 1);
+                fold_scaled_min(lane, blk.f0, blk.f1, a.d[b], isum, msum);
             }
         }
     }
@@ -550,6 +572,9 @@ mod avx2 {
                 let Some(a) = acts.row(i) else { return };
                 for (g, ag) in groups.iter_mut().enumerate() {
                     pack_act_group(a, g, offset, ag);
+                    if matches!(T::FOLD, Fold::Q2) {
+                        ag.hsum = half_block_sums(a, g);
+                    }
                 }
             }
         }
@@ -581,6 +606,18 @@ mod avx2 {
             }
             store_group(&v, nb - 8 * g, ag.qs.as_mut_ptr().cast());
         }
+    }
+
+    /// The sums of values 0..16 and 16..32 of each block of group `g` of
+    /// activation row `a` (0 past the row's end).
+    pub(crate) fn half_block_sums(a: ActRow<'_>, g: usize) -> [[i32; 8]; 2] {
+        let mut out = [[0; 8]; 2];
+        for (j, chunk) in a.qs.chunks_exact(32).skip(8 * g).take(8).enumerate() {
+            let lo: i32 = chunk[..16].iter().map(|&q| q as i32).sum();
+            out[0][j] = lo;
+            out[1][j] = a.bsums[8 * g + j] as i32 - lo;
+        }
+        out
     }
 
     /// The exact int32 block dots of one group for each (weight row `r`,
@@ -624,7 +661,7 @@ mod avx2 {
                     }
                 }
                 for r in 0..$R {
-                    let widen = if matches!(<$T>::FOLD, Fold::Q6) {
+                    let widen = if matches!(<$T>::FOLD, Fold::Q6 | Fold::Q2) {
                         load_256(addr_of!((*wg[r]).sc[k0 / 4]).cast())
                     } else {
                         ones
@@ -726,6 +763,26 @@ mod avx2 {
                                 _mm256_cvtepi32_ps(isum[r][c]),
                                 old,
                             ),
+                            Fold::Q2 => {
+                                // As `fold_scaled_min` with the exact half-block
+                                // min sum for `asum`.
+                                let f1 = load_ps(addr_of!((*wg[r]).f1).cast());
+                                let lo = _mm256_mullo_epi32(
+                                    load_256(addr_of!((*wg[r]).mn[0]).cast()),
+                                    load_256(addr_of!((*ag[c]).hsum[0]).cast()),
+                                );
+                                let hi = _mm256_mullo_epi32(
+                                    load_256(addr_of!((*wg[r]).mn[1]).cast()),
+                                    load_256(addr_of!((*ag[c]).hsum[1]).cast()),
+                                );
+                                let msum = _mm256_add_epi32(lo, hi);
+                                let inner = _mm256_fmsub_ps(
+                                    f0,
+                                    _mm256_cvtepi32_ps(isum[r][c]),
+                                    _mm256_mul_ps(f1, _mm256_cvtepi32_ps(msum)),
+                                );
+                                _mm256_fmadd_ps(da, inner, old)
+                            }
                         };
                         facc[r][c] = if partial {
                             // Lanes past the row's last block keep their value.

@@ -301,6 +301,9 @@ unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
                             }
                             _mm512_fmadd_ps(_mm512_mul_ps(f0, da[p]), _mm512_cvtepi32_ps(dot), old)
                         }
+                        // `matmul::kernel_for` runs Q2-fold types on the AVX2
+                        // multi-row kernel on this ISA too.
+                        Fold::Q2 => unreachable!("no VNNI multi-row kernel for Q2 folds"),
                     };
                     facc[r][p] = if partial {
                         // Lanes past the row's last block keep their value.

@@ -1,0 +1,65 @@
+//! IQ2_XS: super-blocks of 256 values; each group of 8 values is a row of
+//! a 512-entry grid (magnitudes 8, 25, 43) with signs, and each 16 values
+//! have a 4-bit scale `s`.
+//!
+//! Layout (74 bytes): f16 `d`, 32 little-endian u16 (per group of 8: a
+//! 9-bit grid index and a 7-bit sign index into [`KSIGNS`]), 8 bytes of
+//! scales (16 values `j`: byte `j / 2`, nibble `j % 2`). Value: `d * (0.5 +
+//! s) * 0.25 * grid * sign`. Dots fold as `Q6` with the integer scales `2s
+//! + 1` and `d / 8`, the same products.
+
+use super::decoded::BlockDecode;
+use super::grid;
+use super::iq_grids::{IQ2XS_GRID, KSIGNS};
+use super::multi_row::{Decoded, Fold};
+use super::{arr, f16_le};
+
+/// Bytes per super-block.
+pub const BLOCK_BYTES: usize = 74;
+
+/// Group `k`'s (0..32) grid row and sign byte.
+#[inline]
+fn group(block: &[u8], k: usize) -> (u64, u8) {
+    let q = u16::from_le_bytes(*arr::<2>(&block[2 + 2 * k..]));
+    (IQ2XS_GRID[(q & 511) as usize], KSIGNS[(q >> 9) as usize])
+}
+
+/// The 4-bit scale of values `16j..16j + 16`.
+#[inline]
+fn scale(block: &[u8], j: usize) -> u8 {
+    (block[66 + j / 2] >> (4 * (j % 2))) & 0x0F
+}
+
+/// Scalar reference dequantization.
+pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(256)) {
+        let d = f16_le(*arr::<2>(block));
+        for (n, o) in out.iter_mut().enumerate() {
+            let db = d * (0.5 + scale(block, n / 16) as f32) * 0.25;
+            let (row, signs) = group(block, n / 8);
+            *o = grid::scaled(db, grid::value(row, n % 8), signs, n % 8);
+        }
+    }
+}
+
+pub(crate) struct Iq2Xs;
+
+impl BlockDecode for Iq2Xs {
+    const FOLD: Fold = Fold::Q6;
+    const SIGNED: bool = true;
+    const STEPS: usize = 2;
+    const BLOCK_LEN: usize = 256;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+
+    fn decode(block: &[u8], out: &mut [Decoded]) {
+        let d = f16_le(*arr::<2>(block));
+        for (t, o) in out.iter_mut().enumerate().take(8) {
+            o.v = std::array::from_fn(|l| {
+                let (row, signs) = group(block, 4 * t + l / 8);
+                grid::signed(grid::value(row, l % 8), signs, l % 8)
+            });
+            o.f0 = d * 0.125;
+            o.sc = [0, 1].map(|h| (2 * scale(block, 2 * t + h) + 1) as i8);
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! MXFP4 (OCP microscaling FP4): blocks of 32 E2M1 values sharing an E8M0
+//! power-of-two scale.
+//!
+//! Layout (17 bytes): the scale byte `e`, then 16 bytes of nibbles as in
+//! Q4_1, each an E2M1 code. As in ggml, the codes are held doubled (as the
+//! integers -12..=12) and the scale halved: `2^(e - 128)`, so every value is
+//! an exact integer times a power of two. Dots fold as `Block32`.
+
+use super::decoded::BlockDecode;
+use super::multi_row::{Decoded, Fold};
+use super::q4_1::nibble;
+
+/// Bytes per block.
+pub const BLOCK_BYTES: usize = 17;
+
+/// E2M1 codes, doubled (ggml's `kvalues_mxfp4`).
+const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the E8M0 scale `2^(e - 127)`, as ggml's `ggml_e8m0_to_fp32_half`
+/// (subnormal for `e < 2`).
+#[inline]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// Scalar reference dequantization.
+pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(32)) {
+        let d = e8m0_half(block[0]);
+        for (l, o) in out.iter_mut().enumerate() {
+            *o = d * KVALUES[nibble(&block[1..], l) as usize] as f32;
+        }
+    }
+}
+
+pub(crate) struct Mxfp4;
+
+impl BlockDecode for Mxfp4 {
+    const FOLD: Fold = Fold::Block32;
+    const SIGNED: bool = true;
+    // Magnitudes up to 12: 8 * 2 * 12 * 127 fits int16.
+    const STEPS: usize = 8;
+    const BLOCK_LEN: usize = 32;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+
+    fn decode(block: &[u8], out: &mut [Decoded]) {
+        let o = &mut out[0];
+        o.v = std::array::from_fn(|l| KVALUES[nibble(&block[1..], l) as usize]);
+        o.f0 = e8m0_half(block[0]);
+    }
+}
