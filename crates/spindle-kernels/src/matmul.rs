@@ -27,7 +27,7 @@
 //! results are bit-identical across all of these.
 
 use crate::error::KernelError;
-use crate::quant::decoded::ByDecode;
+use crate::quant::decoded::{self, ByDecode};
 use crate::quant::multi_row::{self, ActGroup, PackActsFn, QuantJob, QuantRangeFn, MR};
 use crate::quant::q8_act::{ActFormat, ActRow, QuantizedActs};
 use crate::quant::{block32, checked_bytes, float, q4_0, q4_k, q5_0, q5_k, q6_k, q8_0};
@@ -191,9 +191,9 @@ pub fn matmul_with_isa(
                     acts.quantize_with_isa(isa, format, x, n, w.cols)?;
                     let acts = &*acts;
                     let out = OutPtr::new(out);
-                    if let (false, Some(k)) = (multi_rows, one_row) {
+                    if !multi_rows {
                         run_split(pool, &shape, w.data.len(), &|r0, r1| {
-                            quant_range(k, w.data, &shape, acts, &out, r0, r1)
+                            quant_range(one_row, w.data, &shape, acts, &out, r0, r1)
                         });
                         return Ok(());
                     }
@@ -287,9 +287,7 @@ struct QuantMulti {
 #[derive(Clone, Copy)]
 enum Kernel {
     Float(FloatRowsFn, float::FloatRangeFn),
-    /// The activation format, the one-row kernel (`None`: one row runs
-    /// through the multi-row kernel too) and the multi-row kernel.
-    Quant(ActFormat, Option<QuantRowsFn>, QuantMulti),
+    Quant(ActFormat, QuantRowsFn, QuantMulti),
 }
 
 /// The scalar multi-row kernel of quantized type `T`.
@@ -319,41 +317,46 @@ fn vnni_multi<T: multi_row::MultiRow>() -> QuantMulti {
 }
 
 /// The kernel of a type computed through its decoded blocks
-/// ([`quant::decoded`](crate::quant::decoded)) on `isa`: every activation
-/// row count runs its multi-row kernel (on AVX-512 VNNI machines, the AVX2
-/// one).
+/// ([`quant::decoded`](crate::quant::decoded)) on `isa` (on AVX-512 VNNI
+/// machines, the AVX2 kernels).
 fn decoded_kernel(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
-    macro_rules! multi {
+    macro_rules! kernels {
         ($T:ty) => {
             match isa {
-                Isa::Scalar => scalar_multi::<ByDecode<$T>>(),
+                Isa::Scalar => (
+                    decoded::rows_scalar::<$T> as QuantRowsFn,
+                    scalar_multi::<ByDecode<$T>>(),
+                ),
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::Avx512Vnni => avx2_multi::<ByDecode<$T>>(),
+                Isa::Avx2 | Isa::Avx512Vnni => (
+                    decoded::rows_avx2::<$T> as QuantRowsFn,
+                    avx2_multi::<ByDecode<$T>>(),
+                ),
                 #[allow(unreachable_patterns)]
                 _ => return Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
             }
         };
     }
-    let multi = match ty {
-        GgmlType::Q4_1 => multi!(q4_1::Q4_1),
-        GgmlType::Q5_1 => multi!(q5_1::Q5_1),
-        GgmlType::IQ4_NL => multi!(iq4_nl::Iq4Nl),
-        GgmlType::MXFP4 => multi!(mxfp4::Mxfp4),
-        GgmlType::Q2_K => multi!(q2_k::Q2K),
-        GgmlType::Q3_K => multi!(q3_k::Q3K),
-        GgmlType::IQ4_XS => multi!(iq4_xs::Iq4Xs),
-        GgmlType::TQ1_0 => multi!(tq1_0::Tq1_0),
-        GgmlType::TQ2_0 => multi!(tq2_0::Tq2_0),
-        GgmlType::IQ2_XXS => multi!(iq2_xxs::Iq2Xxs),
-        GgmlType::IQ2_XS => multi!(iq2_xs::Iq2Xs),
-        GgmlType::IQ2_S => multi!(iq2_s::Iq2S),
-        GgmlType::IQ3_XXS => multi!(iq3_xxs::Iq3Xxs),
-        GgmlType::IQ3_S => multi!(iq3_s::Iq3S),
-        GgmlType::IQ1_S => multi!(iq1_s::Iq1S),
-        GgmlType::IQ1_M => multi!(iq1_m::Iq1M),
+    let (one_row, multi) = match ty {
+        GgmlType::Q4_1 => kernels!(q4_1::Q4_1),
+        GgmlType::Q5_1 => kernels!(q5_1::Q5_1),
+        GgmlType::IQ4_NL => kernels!(iq4_nl::Iq4Nl),
+        GgmlType::MXFP4 => kernels!(mxfp4::Mxfp4),
+        GgmlType::Q2_K => kernels!(q2_k::Q2K),
+        GgmlType::Q3_K => kernels!(q3_k::Q3K),
+        GgmlType::IQ4_XS => kernels!(iq4_xs::Iq4Xs),
+        GgmlType::TQ1_0 => kernels!(tq1_0::Tq1_0),
+        GgmlType::TQ2_0 => kernels!(tq2_0::Tq2_0),
+        GgmlType::IQ2_XXS => kernels!(iq2_xxs::Iq2Xxs),
+        GgmlType::IQ2_XS => kernels!(iq2_xs::Iq2Xs),
+        GgmlType::IQ2_S => kernels!(iq2_s::Iq2S),
+        GgmlType::IQ3_XXS => kernels!(iq3_xxs::Iq3Xxs),
+        GgmlType::IQ3_S => kernels!(iq3_s::Iq3S),
+        GgmlType::IQ1_S => kernels!(iq1_s::Iq1S),
+        GgmlType::IQ1_M => kernels!(iq1_m::Iq1M),
         _ => return Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
     };
-    Ok(Kernel::Quant(ActFormat::Block32, None, multi))
+    Ok(Kernel::Quant(ActFormat::Block32, one_row, multi))
 }
 
 /// The row kernels for a weight type on an ISA. Callers have checked that the
@@ -374,24 +377,18 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
             GgmlType::BF16 => {
                 Kernel::Float(float::rows_scalar::<Bf16>, float::range_scalar::<Bf16>)
             }
-            GgmlType::Q8_0 => Kernel::Quant(
-                b32,
-                Some(block32::rows_scalar::<Q8_0>),
-                scalar_multi::<Q8_0>(),
-            ),
-            GgmlType::Q4_0 => Kernel::Quant(
-                b32,
-                Some(block32::rows_scalar::<Q4_0>),
-                scalar_multi::<Q4_0>(),
-            ),
-            GgmlType::Q5_0 => Kernel::Quant(
-                b32,
-                Some(block32::rows_scalar::<Q5_0>),
-                scalar_multi::<Q5_0>(),
-            ),
-            GgmlType::Q4_K => Kernel::Quant(b32, Some(q4_k::rows_scalar), scalar_multi::<Q4K>()),
-            GgmlType::Q5_K => Kernel::Quant(b32, Some(q5_k::rows_scalar), scalar_multi::<Q5K>()),
-            GgmlType::Q6_K => Kernel::Quant(b32, Some(q6_k::rows_scalar), scalar_multi::<Q6K>()),
+            GgmlType::Q8_0 => {
+                Kernel::Quant(b32, block32::rows_scalar::<Q8_0>, scalar_multi::<Q8_0>())
+            }
+            GgmlType::Q4_0 => {
+                Kernel::Quant(b32, block32::rows_scalar::<Q4_0>, scalar_multi::<Q4_0>())
+            }
+            GgmlType::Q5_0 => {
+                Kernel::Quant(b32, block32::rows_scalar::<Q5_0>, scalar_multi::<Q5_0>())
+            }
+            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::rows_scalar, scalar_multi::<Q4K>()),
+            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::rows_scalar, scalar_multi::<Q5K>()),
+            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::rows_scalar, scalar_multi::<Q6K>()),
             _ => decoded_kernel(ty, isa)?,
         }),
         #[cfg(target_arch = "x86_64")]
@@ -399,18 +396,12 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
             GgmlType::F32 => Kernel::Float(float::avx2::rows::<F32>, float::avx2::range::<F32>),
             GgmlType::F16 => Kernel::Float(float::avx2::rows::<F16>, float::avx2::range::<F16>),
             GgmlType::BF16 => Kernel::Float(float::avx2::rows::<Bf16>, float::avx2::range::<Bf16>),
-            GgmlType::Q8_0 => {
-                Kernel::Quant(b32, Some(block32::avx2::rows::<Q8_0>), avx2_multi::<Q8_0>())
-            }
-            GgmlType::Q4_0 => {
-                Kernel::Quant(b32, Some(block32::avx2::rows::<Q4_0>), avx2_multi::<Q4_0>())
-            }
-            GgmlType::Q5_0 => {
-                Kernel::Quant(b32, Some(block32::avx2::rows::<Q5_0>), avx2_multi::<Q5_0>())
-            }
-            GgmlType::Q4_K => Kernel::Quant(b32, Some(q4_k::avx2::rows), avx2_multi::<Q4K>()),
-            GgmlType::Q5_K => Kernel::Quant(b32, Some(q5_k::avx2::rows), avx2_multi::<Q5K>()),
-            GgmlType::Q6_K => Kernel::Quant(b32, Some(q6_k::avx2::rows), avx2_multi::<Q6K>()),
+            GgmlType::Q8_0 => Kernel::Quant(b32, block32::avx2::rows::<Q8_0>, avx2_multi::<Q8_0>()),
+            GgmlType::Q4_0 => Kernel::Quant(b32, block32::avx2::rows::<Q4_0>, avx2_multi::<Q4_0>()),
+            GgmlType::Q5_0 => Kernel::Quant(b32, block32::avx2::rows::<Q5_0>, avx2_multi::<Q5_0>()),
+            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::avx2::rows, avx2_multi::<Q4K>()),
+            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::avx2::rows, avx2_multi::<Q5K>()),
+            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::avx2::rows, avx2_multi::<Q6K>()),
             _ => decoded_kernel(ty, isa)?,
         }),
         // The multi-row kernels multiply with `vpdpbusd zmm`; the one-row
@@ -422,9 +413,9 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
             Kernel::Quant(format, rows, avx2) => Kernel::Quant(
                 format,
                 match ty {
-                    GgmlType::Q8_0 => Some(block32::avx2::rows_vnni::<Q8_0>),
-                    GgmlType::Q4_0 => Some(block32::avx2::rows_vnni::<Q4_0>),
-                    GgmlType::Q5_0 => Some(block32::avx2::rows_vnni::<Q5_0>),
+                    GgmlType::Q8_0 => block32::avx2::rows_vnni::<Q8_0>,
+                    GgmlType::Q4_0 => block32::avx2::rows_vnni::<Q4_0>,
+                    GgmlType::Q5_0 => block32::avx2::rows_vnni::<Q5_0>,
                     _ => rows,
                 },
                 match ty {

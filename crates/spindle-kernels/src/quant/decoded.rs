@@ -6,11 +6,12 @@
 //! A type is then one decoder beside its reference dequantizer; its dot
 //! products are the tested micro-kernels', so the scalar and AVX2 paths agree
 //! bit for bit by construction. Decoding is scalar code: these types trade
-//! some speed on one activation row (decode) for a small, uniform
-//! implementation. `matmul` runs even one activation row through the
-//! multi-row kernel for them.
+//! some speed for a small, uniform implementation. One activation row
+//! (decode) dots each decoded block directly ([`rows_avx2`]); more rows go
+//! through the multi-row kernel.
 
-use super::multi_row::{Decoded, Fold, MultiRow, WGroup};
+use super::multi_row::{dot_decoded, Decoded, Fold, MultiRow, WGroup};
+use super::q8_act::ActRow;
 use std::marker::PhantomData;
 
 /// A block type defined by how its blocks decode.
@@ -32,6 +33,28 @@ pub(crate) trait BlockDecode {
     /// Decodes one storage block (`BLOCK_BYTES` long) into its `BLOCK_LEN /
     /// 32` blocks of 32 values.
     fn decode(block: &[u8], out: &mut [Decoded]);
+
+    /// Whether [`values_avx2`](Self::values_avx2) decodes values (and
+    /// [`decode_terms`](Self::decode_terms) leaves them out).
+    const SIMD_VALUES: bool = false;
+
+    /// [`decode`](Self::decode) without the values, for types whose values
+    /// the AVX2 paths decode with [`values_avx2`](Self::values_avx2).
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        Self::decode(block, out);
+    }
+
+    /// AVX2: the values of block `j` (0..`BLOCK_LEN / 32`) of the storage
+    /// block at `p`, as [`decode`](Self::decode) writes them to `v`. Only
+    /// called where `SIMD_VALUES`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `p..p + BLOCK_BYTES` readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn values_avx2(p: *const u8, j: usize) -> std::arch::x86_64::__m256i {
+        let _ = (p, j);
+        unreachable!("values_avx2 of a type without SIMD_VALUES")
+    }
 }
 
 /// The multi-row kernel pieces of a [`BlockDecode`] type.
@@ -75,37 +98,155 @@ impl<T: BlockDecode> MultiRow for ByDecode<T> {
         };
         let mut dec = [Decoded::default(); 8];
         for (k, block) in bytes.chunks_exact(T::BLOCK_BYTES).enumerate() {
-            T::decode(block, &mut dec[k * per..(k + 1) * per]);
+            let blocks = &mut dec[k * per..(k + 1) * per];
+            if T::SIMD_VALUES {
+                T::decode_terms(block, blocks);
+            } else {
+                T::decode(block, blocks);
+            }
         }
-        // SAFETY: AVX2 is available (this function's contract).
-        unsafe { avx2::pack_decoded(&dec, m, T::SIGNED, out) }
+        // SAFETY: AVX2 is available (this function's contract); each
+        // decoded block `b < m` lies in storage block `b / per` of `bytes`.
+        unsafe {
+            let values = std::array::from_fn(|b| {
+                if b >= m {
+                    std::arch::x86_64::_mm256_setzero_si256()
+                } else if T::SIMD_VALUES {
+                    T::values_avx2(bytes.as_ptr().add(b / per * T::BLOCK_BYTES), b % per)
+                } else {
+                    std::arch::x86_64::_mm256_loadu_si256(dec[b].v.as_ptr().cast())
+                }
+            });
+            avx2::pack_decoded(&dec, &values, m, T::SIGNED, out)
+        }
+    }
+}
+
+/// Most 32-value blocks in one storage block.
+const MAX_PER: usize = 8;
+
+/// Scalar one-row kernel: `out[r] = dot(row r of w, a)`, as the scalar
+/// multi-row path computes it.
+pub(crate) fn rows_scalar<T: BlockDecode>(
+    w: &[u8],
+    row_bytes: usize,
+    a: ActRow<'_>,
+    out: &mut [f32],
+) {
+    let mut dec = vec![Decoded::default(); a.d.len()];
+    for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        ByDecode::<T>::decode_row(row, &mut dec);
+        *o = dot_decoded::<ByDecode<T>>(&dec, a);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::rows_avx2;
+
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::multi_row::{store_group, Decoded, WGroup};
+    use super::super::multi_row::{fold_decoded, store_group, Decoded, WGroup};
+    use super::super::q8_act::ActRow;
+    use super::{BlockDecode, MAX_PER};
+    use crate::simd::tree8;
     use std::arch::x86_64::*;
 
-    /// Packs 8 decoded blocks (the first `m` valid, the rest zero) into `out`
-    /// for the AVX2 micro-kernel: magnitudes in `u` and the values in `s`
-    /// for signed types, the values in `u` for unsigned ones.
+    /// AVX2 one-row kernel: each storage block decoded (scalar), each
+    /// 32-value block's two half dots with the activations in SIMD (the
+    /// `maddubs` sign trick), folded with the scalar [`fold_decoded`] in
+    /// block order, as every other path folds them.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn rows_avx2<T: BlockDecode>(
+        w: &[u8],
+        row_bytes: usize,
+        a: ActRow<'_>,
+        out: &mut [f32],
+    ) {
+        let per = T::BLOCK_LEN / 32;
+        let ones = _mm256_set1_epi16(1);
+        let mut dec = [Decoded::default(); MAX_PER];
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            let mut lanes = [0.0f32; 8];
+            for (s, block) in row.chunks_exact(T::BLOCK_BYTES).enumerate() {
+                if T::SIMD_VALUES {
+                    T::decode_terms(block, &mut dec[..per]);
+                } else {
+                    T::decode(block, &mut dec[..per]);
+                }
+                for (j, blk) in dec[..per].iter().enumerate() {
+                    let b = s * per + j;
+                    let aq = &a.qs[32 * b..32 * b + 32];
+                    // SAFETY: `blk.v` and `aq` are 32 bytes each, `block`
+                    // is a whole storage block.
+                    let (v, y) = unsafe {
+                        (
+                            if T::SIMD_VALUES {
+                                T::values_avx2(block.as_ptr(), j)
+                            } else {
+                                _mm256_loadu_si256(blk.v.as_ptr().cast())
+                            },
+                            _mm256_loadu_si256(aq.as_ptr().cast()),
+                        )
+                    };
+                    let prod = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(y, v)),
+                        ones,
+                    );
+                    let (lo, hi) = (
+                        _mm256_castsi256_si128(prod),
+                        _mm256_extracti128_si256(prod, 1),
+                    );
+                    // Folds without sub-block scales need only the sum of
+                    // both halves: one horizontal sum.
+                    let dots = if matches!(T::FOLD, super::Fold::Q6 | super::Fold::Q2) {
+                        [sum4(lo), sum4(hi)]
+                    } else {
+                        [sum4(_mm_add_epi32(lo, hi)), 0]
+                    };
+                    let half_sums = if matches!(T::FOLD, super::Fold::Q2) {
+                        let lo: i32 = aq[..16].iter().map(|&q| q as i32).sum();
+                        [lo, a.bsums[b] as i32 - lo]
+                    } else {
+                        [0, 0]
+                    };
+                    fold_decoded(T::FOLD, &mut lanes[b % 8], blk, a, b, dots, half_sums);
+                }
+            }
+            *o = tree8(&lanes);
+        }
+    }
+
+    /// The sum of the 4 int32 lanes of `v`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn sum4(v: __m128i) -> i32 {
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01_00_11_10));
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b10_11_00_01));
+        _mm_cvtsi128_si32(v)
+    }
+
+    /// Packs 8 decoded blocks, with their `values` (the first `m` valid,
+    /// the rest zero), into `out` for the AVX2 micro-kernel: magnitudes in
+    /// `u` and the values in `s` for signed types, the values in `u` for
+    /// unsigned ones.
     ///
     /// # Safety
     /// AVX2, FMA and F16C available.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn pack_decoded(
         dec: &[Decoded; 8],
+        values: &[__m256i; 8],
         m: usize,
         signed: bool,
         out: &mut WGroup,
     ) {
         let mut u = [_mm256_setzero_si256(); 8];
-        let mut s = [_mm256_setzero_si256(); 8];
+        let s = *values;
         for (j, d) in dec.iter().enumerate() {
-            // SAFETY: `d.v` is 32 bytes.
-            let v = unsafe { _mm256_loadu_si256(d.v.as_ptr().cast()) };
-            s[j] = v;
+            let v = values[j];
             u[j] = if signed { _mm256_abs_epi8(v) } else { v };
             out.f0[j] = d.f0;
             out.f1[j] = d.f1;

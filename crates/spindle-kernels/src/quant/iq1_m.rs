@@ -69,6 +69,7 @@ impl BlockDecode for Iq1M {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
         let w = words(block);
         let d = super_scale(w);

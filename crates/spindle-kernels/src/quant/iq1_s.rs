@@ -63,6 +63,7 @@ impl BlockDecode for Iq1S {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
         for (t, o) in out.iter_mut().enumerate().take(8) {
             let (dl, neg, rows) = sub_block(block, t);

@@ -51,6 +51,7 @@ impl BlockDecode for Iq2Xs {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
         let d = f16_le(*arr::<2>(block));
         for (t, o) in out.iter_mut().enumerate().take(8) {

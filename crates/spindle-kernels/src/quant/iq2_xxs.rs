@@ -51,6 +51,7 @@ impl BlockDecode for Iq2Xxs {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
         for (t, o) in out.iter_mut().enumerate().take(8) {
             let (db, rows, signs) = sub_block(block, t);

@@ -51,6 +51,7 @@ impl BlockDecode for Iq3S {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
         for (t, o) in out.iter_mut().enumerate().take(8) {
             o.v = std::array::from_fn(|l| {

@@ -37,9 +37,42 @@ impl BlockDecode for Iq4Nl {
     const BLOCK_LEN: usize = 32;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
-        let o = &mut out[0];
-        o.v = std::array::from_fn(|l| KVALUES[nibble(&block[2..], l) as usize]);
-        o.f0 = f16_le(*arr::<2>(block));
+        Self::decode_terms(block, out);
+        out[0].v = std::array::from_fn(|l| KVALUES[nibble(&block[2..], l) as usize]);
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        out[0].f0 = f16_le(*arr::<2>(block));
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, _j: usize) -> std::arch::x86_64::__m256i {
+        unsafe { codebook_avx2(p.add(2)) }
+    }
+}
+
+/// AVX2: the 32 codebook values of the 16 nibble bytes at `qs` (value `l`
+/// as in [`nibble`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `qs..qs + 16` readable.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn codebook_avx2(qs: *const u8) -> std::arch::x86_64::__m256i {
+    use crate::simd::avx2::{load_128, nibbles_16};
+    use std::arch::x86_64::*;
+    unsafe {
+        let table = _mm256_broadcastsi128_si256(load_128(KVALUES.as_ptr().cast()));
+        _mm256_shuffle_epi8(table, nibbles_16(load_128(qs)))
     }
 }

@@ -53,10 +53,29 @@ impl BlockDecode for Iq4Xs {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
+        Self::decode_terms(block, out);
         for (j, o) in out.iter_mut().enumerate().take(8) {
             o.v = std::array::from_fn(|l| value(block, j, l));
+        }
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        for (j, o) in out.iter_mut().enumerate().take(8) {
             o.f0 = sub_scale(block, j);
         }
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, j: usize) -> std::arch::x86_64::__m256i {
+        unsafe { super::iq4_nl::codebook_avx2(p.add(8 + 16 * j)) }
     }
 }

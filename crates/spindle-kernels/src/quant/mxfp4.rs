@@ -48,6 +48,7 @@ impl BlockDecode for Mxfp4 {
     const BLOCK_LEN: usize = 32;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
         let o = &mut out[0];
         o.v = std::array::from_fn(|l| KVALUES[nibble(&block[1..], l) as usize]);

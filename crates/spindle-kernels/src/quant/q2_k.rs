@@ -48,16 +48,53 @@ impl BlockDecode for Q2K {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
+        Self::decode_terms(block, out);
+        for (t, o) in out.iter_mut().enumerate().take(8) {
+            o.v = std::array::from_fn(|l| value(block, 32 * t + l) as i8);
+        }
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, t: usize) -> std::arch::x86_64::__m256i {
+        unsafe { two_bit_avx2(p.add(16), t) }
+    }
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
         let d = f16_le(*arr::<2>(&block[80..]));
         let dmin = f16_le(*arr::<2>(&block[82..]));
         for (t, o) in out.iter_mut().enumerate().take(8) {
-            o.v = std::array::from_fn(|l| value(block, 32 * t + l) as i8);
             o.f0 = d;
             o.f1 = dmin;
             let (lo, hi) = (block[2 * t], block[2 * t + 1]);
             o.sc = [(lo & 0x0F) as i8, (hi & 0x0F) as i8];
             o.mn = [lo >> 4, hi >> 4];
         }
+    }
+}
+
+/// AVX2: values `32t..32t + 32` of 2-bit codes laid out as in Q2_K and
+/// Q3_K (value `n = 128c + 32k + i` in bits `2k..2k+2` of byte `32c + i` of
+/// the 64 bytes at `qs`).
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `qs..qs + 64` readable; `t < 8`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn two_bit_avx2(qs: *const u8, t: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    unsafe {
+        let bytes = _mm256_loadu_si256(qs.add(32 * (t / 4)).cast());
+        let shifted = _mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (t % 4) as i32));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(3))
     }
 }

@@ -55,10 +55,37 @@ impl BlockDecode for Q3K {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
-        let d = f16_le(*arr::<2>(&block[108..]));
+        Self::decode_terms(block, out);
         for (t, o) in out.iter_mut().enumerate().take(8) {
             o.v = std::array::from_fn(|l| value(block, 32 * t + l));
+        }
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, t: usize) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        unsafe {
+            let low = super::q2_k::two_bit_avx2(p.add(32), t);
+            // Bit `t` of each hmask byte clear: take 4 off.
+            let hmask = _mm256_loadu_si256(p.cast());
+            let bit = _mm256_set1_epi8((1u8 << t) as i8);
+            let clear = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), _mm256_setzero_si256());
+            _mm256_sub_epi8(low, _mm256_and_si256(clear, _mm256_set1_epi8(4)))
+        }
+    }
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        let d = f16_le(*arr::<2>(&block[108..]));
+        for (t, o) in out.iter_mut().enumerate().take(8) {
             o.f0 = d;
             o.sc = [scale(block, 2 * t), scale(block, 2 * t + 1)];
         }

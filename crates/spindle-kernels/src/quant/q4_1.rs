@@ -42,10 +42,27 @@ impl BlockDecode for Q4_1 {
     const BLOCK_LEN: usize = 32;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
-        let o = &mut out[0];
-        o.v = std::array::from_fn(|l| nibble(&block[4..], l) as i8);
-        o.f0 = f16_le(*arr::<2>(block));
-        o.f1 = -f16_le(*arr::<2>(&block[2..]));
+        Self::decode_terms(block, out);
+        out[0].v = std::array::from_fn(|l| nibble(&block[4..], l) as i8);
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        out[0].f0 = f16_le(*arr::<2>(block));
+        out[0].f1 = -f16_le(*arr::<2>(&block[2..]));
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, _j: usize) -> std::arch::x86_64::__m256i {
+        use crate::simd::avx2::{load_128, nibbles_16};
+        unsafe { nibbles_16(load_128(p.add(4))) }
     }
 }

@@ -40,10 +40,32 @@ impl BlockDecode for Q5_1 {
     const BLOCK_LEN: usize = 32;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
-        let o = &mut out[0];
-        o.v = std::array::from_fn(|l| value(block, l) as i8);
-        o.f0 = f16_le(*arr::<2>(block));
-        o.f1 = -f16_le(*arr::<2>(&block[2..]));
+        Self::decode_terms(block, out);
+        out[0].v = std::array::from_fn(|l| value(block, l) as i8);
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        out[0].f0 = f16_le(*arr::<2>(block));
+        out[0].f1 = -f16_le(*arr::<2>(&block[2..]));
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, _j: usize) -> std::arch::x86_64::__m256i {
+        use crate::simd::avx2::{bits_to_bytes, load_128, nibbles_16};
+        use std::arch::x86_64::*;
+        unsafe {
+            let qh = u32::from_le_bytes([*p.add(4), *p.add(5), *p.add(6), *p.add(7)]);
+            let fifth = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles_16(load_128(p.add(8))), fifth)
+        }
     }
 }

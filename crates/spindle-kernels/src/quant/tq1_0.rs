@@ -57,6 +57,7 @@ impl BlockDecode for Tq1_0 {
     const BLOCK_LEN: usize = 256;
     const BLOCK_BYTES: usize = BLOCK_BYTES;
 
+    #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
         let d = f16_le(*arr::<2>(&block[52..]));
         for (t, o) in out.iter_mut().enumerate().take(8) {

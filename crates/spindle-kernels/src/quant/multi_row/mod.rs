@@ -223,50 +223,59 @@ pub(crate) type QuantRangeFn = unsafe fn(&QuantJob<'_>, usize, usize, usize, usi
 /// Packs all activation rows for the AVX2 kernels of a type.
 pub(crate) type PackActsFn = unsafe fn(&QuantizedActs, &mut Vec<ActGroup>);
 
+/// Folds decoded block `blk`'s exact integer sums into `lane` as its type's
+/// one-row kernel does. `dots` are the dots of its values 0..16 and 16..32
+/// with activation block `b` of `a`; `half_sums` that block's sums of
+/// values 0..16 and 16..32 (read by `Fold::Q2` only).
+#[inline]
+pub(crate) fn fold_decoded(
+    fold: Fold,
+    lane: &mut f32,
+    blk: &Decoded,
+    a: ActRow<'_>,
+    b: usize,
+    dots: [i32; 2],
+    half_sums: [i32; 2],
+) {
+    let da = a.d[b];
+    match fold {
+        Fold::Block32 => fold_scaled(lane, blk.f0, da, dots[0] + dots[1]),
+        Fold::KMin => fold_scaled_min(
+            lane,
+            blk.f0,
+            blk.f1,
+            da,
+            dots[0] + dots[1],
+            a.bsums[b] as i32,
+        ),
+        Fold::Q6 => {
+            let isum = blk.sc[0] as i32 * dots[0] + blk.sc[1] as i32 * dots[1];
+            fold_scaled(lane, blk.f0, da, isum);
+        }
+        Fold::Q2 => {
+            let isum = blk.sc[0] as i32 * dots[0] + blk.sc[1] as i32 * dots[1];
+            let msum = blk.mn[0] as i32 * half_sums[0] + blk.mn[1] as i32 * half_sums[1];
+            fold_scaled_min(lane, blk.f0, blk.f1, da, isum, msum);
+        }
+    }
+}
+
 /// Scalar multi-row dot of one decoded weight row with one activation row:
 /// the float operations of the type's one-row scalar kernel.
-fn dot_decoded<T: MultiRow>(w: &[Decoded], a: ActRow<'_>) -> f32 {
+pub(crate) fn dot_decoded<T: MultiRow>(w: &[Decoded], a: ActRow<'_>) -> f32 {
     let mut lanes = [0.0f32; 8];
     for (b, (blk, aq)) in w.iter().zip(a.qs.chunks_exact(32)).enumerate() {
-        let lane = &mut lanes[b % 8];
-        match T::FOLD {
-            Fold::Block32 => {
-                let isum: i32 = blk
-                    .v
-                    .iter()
-                    .zip(aq)
-                    .map(|(&v, &y)| v as i32 * y as i32)
-                    .sum();
-                fold_scaled(lane, blk.f0, a.d[b], isum);
-            }
-            Fold::KMin => {
-                let isum: i32 = blk
-                    .v
-                    .iter()
-                    .zip(aq)
-                    .map(|(&v, &y)| v as i32 * y as i32)
-                    .sum();
-                fold_scaled_min(lane, blk.f0, blk.f1, a.d[b], isum, a.bsums[b] as i32);
-            }
-            Fold::Q6 => {
-                let half = |h: usize| -> i32 {
-                    (16 * h..16 * h + 16)
-                        .map(|l| blk.v[l] as i32 * aq[l] as i32)
-                        .sum()
-                };
-                let isum = blk.sc[0] as i32 * half(0) + blk.sc[1] as i32 * half(1);
-                fold_scaled(lane, blk.f0, a.d[b], isum);
-            }
-            Fold::Q2 => {
-                let half = |h: usize, by: &dyn Fn(usize) -> i32| -> i32 {
-                    (16 * h..16 * h + 16).map(|l| by(l) * aq[l] as i32).sum()
-                };
-                let value = |l: usize| blk.v[l] as i32;
-                let isum = blk.sc[0] as i32 * half(0, &value) + blk.sc[1] as i32 * half(1, &value);
-                let msum = blk.mn[0] as i32 * half(0, &|_| 1) + blk.mn[1] as i32 * half(1, &|_| 1);
-                fold_scaled_min(lane, blk.f0, blk.f1, a.d[b], isum, msum);
-            }
-        }
+        let half = |h: usize, by: &dyn Fn(usize) -> i32| -> i32 {
+            (16 * h..16 * h + 16).map(|l| by(l) * aq[l] as i32).sum()
+        };
+        let value = |l: usize| blk.v[l] as i32;
+        let dots = [half(0, &value), half(1, &value)];
+        let half_sums = if matches!(T::FOLD, Fold::Q2) {
+            [half(0, &|_| 1), half(1, &|_| 1)]
+        } else {
+            [0, 0]
+        };
+        fold_decoded(T::FOLD, &mut lanes[b % 8], blk, a, b, dots, half_sums);
     }
     tree8(&lanes)
 }
