@@ -18,14 +18,14 @@ use super::{arr, f16_le};
 pub const BLOCK_BYTES: usize = 74;
 
 /// Group `k`'s (0..32) grid row and sign byte.
-#[inline]
+#[inline(always)]
 fn group(block: &[u8], k: usize) -> (u64, u8) {
     let q = u16::from_le_bytes(*arr::<2>(&block[2 + 2 * k..]));
     (IQ2XS_GRID[(q & 511) as usize], KSIGNS[(q >> 9) as usize])
 }
 
 /// The 4-bit scale of values `16j..16j + 16`.
-#[inline]
+#[inline(always)]
 fn scale(block: &[u8], j: usize) -> u8 {
     (block[66 + j / 2] >> (4 * (j % 2))) & 0x0F
 }
@@ -62,5 +62,34 @@ impl BlockDecode for Iq2Xs {
             o.f0 = d * 0.125;
             o.sc = [0, 1].map(|h| (2 * scale(block, 2 * t + h) + 1) as i8);
         }
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        let d = f16_le(*arr::<2>(block));
+        for (t, o) in out.iter_mut().enumerate().take(8) {
+            o.f0 = d * 0.125;
+            o.sc = [0, 1].map(|h| (2 * scale(block, 2 * t + h) + 1) as i8);
+        }
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, t: usize) -> std::arch::x86_64::__m256i {
+        // SAFETY: the caller vouches for a whole storage block at `p`.
+        let block = unsafe { std::slice::from_raw_parts(p, BLOCK_BYTES) };
+        // Written out: `array::from_fn` here is not inlined (perf).
+        let (g0, g1, g2, g3) = (
+            group(block, 4 * t),
+            group(block, 4 * t + 1),
+            group(block, 4 * t + 2),
+            group(block, 4 * t + 3),
+        );
+        unsafe { grid::signed_rows_avx2([g0.0, g1.0, g2.0, g3.0], [g0.1, g1.1, g2.1, g3.1]) }
     }
 }

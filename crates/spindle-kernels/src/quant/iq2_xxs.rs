@@ -16,13 +16,20 @@ use super::{arr, f16_le};
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 66;
 
-/// Sub-block `t`'s scale, grid rows and sign bytes.
-#[inline]
-fn sub_block(block: &[u8], t: usize) -> (f32, [u64; 4], [u8; 4]) {
+/// Sub-block `t`'s scale `d * (0.5 + ls) * 0.25`.
+#[inline(always)]
+fn sub_scale(block: &[u8], t: usize) -> f32 {
     let d = f16_le(*arr::<2>(block));
+    let aux = u32::from_le_bytes(*arr::<4>(&block[2 + 8 * t + 4..]));
+    d * (0.5 + (aux >> 28) as f32) * 0.25
+}
+
+/// Sub-block `t`'s scale, grid rows and sign bytes.
+#[inline(always)]
+fn sub_block(block: &[u8], t: usize) -> (f32, [u64; 4], [u8; 4]) {
     let q = &block[2 + 8 * t..];
     let aux = u32::from_le_bytes(*arr::<4>(&q[4..]));
-    let db = d * (0.5 + (aux >> 28) as f32) * 0.25;
+    let db = sub_scale(block, t);
     let rows = std::array::from_fn(|k| IQ2XXS_GRID[q[k] as usize]);
     let signs = std::array::from_fn(|k| KSIGNS[((aux >> (7 * k)) & 0x7F) as usize]);
     (db, rows, signs)
@@ -61,5 +68,26 @@ impl BlockDecode for Iq2Xxs {
             });
             o.f0 = db;
         }
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        for (t, o) in out.iter_mut().enumerate().take(8) {
+            o.f0 = sub_scale(block, t);
+        }
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, t: usize) -> std::arch::x86_64::__m256i {
+        // SAFETY: the caller vouches for a whole storage block at `p`.
+        let block = unsafe { std::slice::from_raw_parts(p, BLOCK_BYTES) };
+        let (_, rows, signs) = sub_block(block, t);
+        unsafe { grid::signed_rows_avx2(rows, signs) }
     }
 }

@@ -17,14 +17,14 @@ use super::{arr, f16_le};
 pub const BLOCK_BYTES: usize = 110;
 
 /// Sub-block `t`'s scale `d * (1 + 2s)`.
-#[inline]
+#[inline(always)]
 fn sub_scale(block: &[u8], t: usize) -> f32 {
     let s = (block[106 + t / 2] >> (4 * (t % 2))) & 0x0F;
     f16_le(*arr::<2>(block)) * (1 + 2 * s) as f32
 }
 
 /// The magnitude and sign byte of value `n` (0..256).
-#[inline]
+#[inline(always)]
 fn at(block: &[u8], n: usize) -> (i8, u8) {
     let k = n / 4;
     let high = ((block[66 + k / 8] >> (k % 8)) & 1) as usize;
@@ -60,5 +60,32 @@ impl BlockDecode for Iq3S {
             });
             o.f0 = sub_scale(block, t);
         }
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        for (t, o) in out.iter_mut().enumerate().take(8) {
+            o.f0 = sub_scale(block, t);
+        }
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, t: usize) -> std::arch::x86_64::__m256i {
+        // SAFETY: the caller vouches for a whole storage block at `p`.
+        let block = unsafe { std::slice::from_raw_parts(p, BLOCK_BYTES) };
+        let row = |k: usize| {
+            let high = ((block[66 + k / 8] >> (k % 8)) & 1) as usize;
+            IQ3S_GRID[block[2 + k] as usize | (high << 8)] as u64
+        };
+        // Two 4-value rows make the 8 values of one sign byte.
+        let rows = std::array::from_fn(|k| row(8 * t + 2 * k) | (row(8 * t + 2 * k + 1) << 32));
+        let signs = std::array::from_fn(|k| block[74 + 4 * t + k]);
+        unsafe { grid::signed_rows_avx2(rows, signs) }
     }
 }

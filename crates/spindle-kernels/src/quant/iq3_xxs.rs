@@ -17,7 +17,7 @@ use super::{arr, f16_le};
 pub const BLOCK_BYTES: usize = 98;
 
 /// Sub-block `t`'s scale and the magnitude and sign byte of its value `l`.
-#[inline]
+#[inline(always)]
 fn sub_block(block: &[u8], t: usize) -> (f32, impl Fn(usize) -> (i8, u8) + '_) {
     let d = f16_le(*arr::<2>(block));
     let aux = u32::from_le_bytes(*arr::<4>(&block[66 + 4 * t..]));
@@ -63,5 +63,32 @@ impl BlockDecode for Iq3Xxs {
             });
             o.f0 = db;
         }
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        for (t, o) in out.iter_mut().enumerate().take(8) {
+            o.f0 = sub_block(block, t).0;
+        }
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, t: usize) -> std::arch::x86_64::__m256i {
+        // SAFETY: the caller vouches for a whole storage block at `p`.
+        let block = unsafe { std::slice::from_raw_parts(p, BLOCK_BYTES) };
+        let aux = u32::from_le_bytes(*arr::<4>(&block[66 + 4 * t..]));
+        // Two 4-value rows make the 8 values of one sign byte.
+        let rows = std::array::from_fn(|k| {
+            let row = |r: usize| IQ3XXS_GRID[block[2 + 8 * t + r] as usize] as u64;
+            row(2 * k) | (row(2 * k + 1) << 32)
+        });
+        let signs = std::array::from_fn(|k| KSIGNS[((aux >> (7 * k)) & 0x7F) as usize]);
+        unsafe { grid::signed_rows_avx2(rows, signs) }
     }
 }
