@@ -21,15 +21,34 @@ pub(crate) fn nibble(qs: &[u8], l: usize) -> u8 {
     }
 }
 
-/// Scalar reference dequantization (as gguf-py: `d * q + m`, two roundings).
-pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(32)) {
+/// Scalar reference dequantization of a `d`, `m` block type (Q4_1, Q5_1) of
+/// `block_bytes` whose unsigned value `l` is `value(block, l)`: as gguf-py,
+/// `d * q + m`, two roundings.
+pub(crate) fn dequantize_min(
+    src: &[u8],
+    dst: &mut [f32],
+    block_bytes: usize,
+    value: impl Fn(&[u8], usize) -> u8,
+) {
+    for (block, out) in src.chunks_exact(block_bytes).zip(dst.chunks_exact_mut(32)) {
         let d = f16_le(*arr::<2>(block));
         let m = f16_le(*arr::<2>(&block[2..]));
         for (l, o) in out.iter_mut().enumerate() {
-            *o = d * nibble(&block[4..], l) as f32 + m;
+            *o = d * value(block, l) as f32 + m;
         }
     }
+}
+
+/// The float terms of a `d`, `m` block: `KMin` with scale `d`, min `-m`.
+#[inline(always)]
+pub(crate) fn min_terms(block: &[u8], out: &mut [Decoded]) {
+    out[0].f0 = f16_le(*arr::<2>(block));
+    out[0].f1 = -f16_le(*arr::<2>(&block[2..]));
+}
+
+/// Scalar reference dequantization.
+pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
+    dequantize_min(src, dst, BLOCK_BYTES, |block, l| nibble(&block[4..], l));
 }
 
 pub(crate) struct Q4_1;
@@ -52,8 +71,7 @@ impl BlockDecode for Q4_1 {
 
     #[inline(always)]
     fn decode_terms(block: &[u8], out: &mut [Decoded]) {
-        out[0].f0 = f16_le(*arr::<2>(block));
-        out[0].f1 = -f16_le(*arr::<2>(&block[2..]));
+        min_terms(block, out);
     }
 
     /// # Safety

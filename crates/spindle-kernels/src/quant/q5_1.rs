@@ -4,10 +4,10 @@
 //! (bit `l` for value `l`), 16 bytes of low nibbles as in Q4_1. Dots fold
 //! as `KMin` with min `-m`.
 
+use super::arr;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
-use super::q4_1::nibble;
-use super::{arr, f16_le};
+use super::q4_1::{dequantize_min, min_terms, nibble};
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 24;
@@ -21,13 +21,7 @@ fn value(block: &[u8], l: usize) -> u8 {
 
 /// Scalar reference dequantization (as gguf-py: `d * q + m`).
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(32)) {
-        let d = f16_le(*arr::<2>(block));
-        let m = f16_le(*arr::<2>(&block[2..]));
-        for (l, o) in out.iter_mut().enumerate() {
-            *o = d * value(block, l) as f32 + m;
-        }
-    }
+    dequantize_min(src, dst, BLOCK_BYTES, value);
 }
 
 pub(crate) struct Q5_1;
@@ -50,8 +44,7 @@ impl BlockDecode for Q5_1 {
 
     #[inline(always)]
     fn decode_terms(block: &[u8], out: &mut [Decoded]) {
-        out[0].f0 = f16_le(*arr::<2>(block));
-        out[0].f1 = -f16_le(*arr::<2>(&block[2..]));
+        min_terms(block, out);
     }
 
     /// # Safety

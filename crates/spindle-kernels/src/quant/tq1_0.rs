@@ -8,9 +8,7 @@
 //! 240..256 trit `m / 4` of `qh[m % 4]` (`m = n - 240`). Dots fold as
 //! `Block32` with scale `d`.
 
-use super::decoded::BlockDecode;
-use super::multi_row::{Decoded, Fold};
-use super::{arr, f16_le};
+use super::tq2_0::{dequantize_ternary, Ternary, Tq};
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 54;
@@ -24,45 +22,30 @@ fn trit(q: u8, k: usize) -> i8 {
     ((shifted * 3) >> 8) as i8 - 1
 }
 
-/// Ternary value `n` (0..256) of `block`.
-#[inline]
-fn value(block: &[u8], n: usize) -> i8 {
-    if n < 160 {
-        trit(block[n % 32], n / 32)
-    } else if n < 240 {
-        let m = n - 160;
-        trit(block[32 + m % 16], m / 16)
-    } else {
-        let m = n - 240;
-        trit(block[48 + m % 4], m / 4)
+/// TQ1_0's packing.
+pub(crate) struct Tq1Packing;
+
+impl Ternary for Tq1Packing {
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const D_AT: usize = 52;
+
+    #[inline(always)]
+    fn value(block: &[u8], n: usize) -> i8 {
+        if n < 160 {
+            trit(block[n % 32], n / 32)
+        } else if n < 240 {
+            let m = n - 160;
+            trit(block[32 + m % 16], m / 16)
+        } else {
+            let m = n - 240;
+            trit(block[48 + m % 4], m / 4)
+        }
     }
 }
+
+pub(crate) type Tq1_0 = Tq<Tq1Packing>;
 
 /// Scalar reference dequantization.
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(256)) {
-        let d = f16_le(*arr::<2>(&block[52..]));
-        for (n, o) in out.iter_mut().enumerate() {
-            *o = d * value(block, n) as f32;
-        }
-    }
-}
-
-pub(crate) struct Tq1_0;
-
-impl BlockDecode for Tq1_0 {
-    const FOLD: Fold = Fold::Block32;
-    const SIGNED: bool = true;
-    const STEPS: usize = 8;
-    const BLOCK_LEN: usize = 256;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-
-    #[inline(always)]
-    fn decode(block: &[u8], out: &mut [Decoded]) {
-        let d = f16_le(*arr::<2>(&block[52..]));
-        for (t, o) in out.iter_mut().enumerate().take(8) {
-            o.v = std::array::from_fn(|l| value(block, 32 * t + l));
-            o.f0 = d;
-        }
-    }
+    dequantize_ternary::<Tq1Packing>(src, dst)
 }
