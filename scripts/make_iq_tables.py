@@ -6,7 +6,8 @@ codebooks (grids) and the sign table, read from the `gguf` Python package
 Each grid entry is a row of small integers; it is written packed into one
 integer, value `i` in byte `i` (little-endian), as two's-complement bytes.
 
-Run from the repository root, then `cargo fmt`:
+The tables are `#[rustfmt::skip]`, four rows a line. Run from the
+repository root:
     /work/pyenv/bin/python scripts/make_iq_tables.py
 """
 
@@ -53,8 +54,10 @@ def main():
     signs = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8)
     lines.append("/// `KSIGNS[k]`: 7 sign bits `k` plus an eighth making the count of")
     lines.append("/// negative signs even (bit `i`: value `i` is negated).")
+    lines.append("#[rustfmt::skip]")
     lines.append(f"pub(crate) const KSIGNS: [u8; {len(signs)}] = [")
-    lines.append(", ".join(str(int(s)) for s in signs) + ",")
+    for i in range(0, len(signs), 16):
+        lines.append("    " + " ".join(f"{int(s)}," for s in signs[i:i + 16]))
     lines.append("];")
     for name, cls, doc in GRIDS:
         cls.init_grid()
@@ -62,10 +65,11 @@ def main():
         ty, vals = packed(rows)
         lines.append("")
         lines.append(f"/// {doc}.")
+        lines.append("#[rustfmt::skip]")
         lines.append(f"pub(crate) const {name}: [{ty}; {len(vals)}] = [")
         digits = 16 if ty == "u64" else 8
         for i in range(0, len(vals), 4):
-            lines.append(" ".join(f"0x{v:0{digits}x}," for v in vals[i:i + 4]))
+            lines.append("    " + " ".join(f"0x{v:0{digits}x}," for v in vals[i:i + 4]))
         lines.append("];")
     OUT.write_text("\n".join(lines) + "\n")
     print(f"{OUT}: {OUT.stat().st_size} bytes")

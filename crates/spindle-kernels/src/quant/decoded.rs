@@ -5,13 +5,15 @@
 //!
 //! A type is then one decoder beside its reference dequantizer; its dot
 //! products are the tested micro-kernels', so the scalar and AVX2 paths agree
-//! bit for bit by construction. Decoding is scalar code: these types trade
-//! some speed for a small, uniform implementation. One activation row
+//! bit for bit by construction. The float terms are decoded in scalar code,
+//! the values too unless the type has an AVX2 decoder (`SIMD_VALUES`): a
+//! small, uniform implementation for a little speed. One activation row
 //! (decode) dots each decoded block directly ([`rows_avx2`]); more rows go
 //! through the multi-row kernel.
 
-use super::multi_row::{dot_decoded, Decoded, Fold, MultiRow, WGroup};
+use super::multi_row::{fold_decoded_scalar, Decoded, Fold, MultiRow, WGroup};
 use super::q8_act::ActRow;
+use crate::simd::tree8;
 use std::marker::PhantomData;
 
 /// A block type defined by how its blocks decode.
@@ -125,18 +127,27 @@ impl<T: BlockDecode> MultiRow for ByDecode<T> {
 /// Most 32-value blocks in one storage block.
 const MAX_PER: usize = 8;
 
-/// Scalar one-row kernel: `out[r] = dot(row r of w, a)`, as the scalar
-/// multi-row path computes it.
+/// Scalar one-row kernel: `out[r] = dot(row r of w, a)`, block by block as
+/// the scalar multi-row path computes it (no buffer: each storage block is
+/// decoded and folded in turn).
 pub(crate) fn rows_scalar<T: BlockDecode>(
     w: &[u8],
     row_bytes: usize,
     a: ActRow<'_>,
     out: &mut [f32],
 ) {
-    let mut dec = vec![Decoded::default(); a.d.len()];
+    let per = T::BLOCK_LEN / 32;
+    let mut dec = [Decoded::default(); MAX_PER];
     for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-        ByDecode::<T>::decode_row(row, &mut dec);
-        *o = dot_decoded::<ByDecode<T>>(&dec, a);
+        let mut lanes = [0.0f32; 8];
+        for (s, block) in row.chunks_exact(T::BLOCK_BYTES).enumerate() {
+            T::decode(block, &mut dec[..per]);
+            for (j, blk) in dec[..per].iter().enumerate() {
+                let b = s * per + j;
+                fold_decoded_scalar(T::FOLD, &mut lanes[b % 8], blk, a, b);
+            }
+        }
+        *o = tree8(&lanes);
     }
 }
 
@@ -147,8 +158,7 @@ pub(crate) use avx2::rows_avx2;
 mod avx2 {
     use super::super::multi_row::{fold_decoded, store_group, Decoded, WGroup};
     use super::super::q8_act::ActRow;
-    use super::{BlockDecode, MAX_PER};
-    use crate::simd::tree8;
+    use super::{tree8, BlockDecode, MAX_PER};
     use std::arch::x86_64::*;
 
     /// AVX2 one-row kernel: each storage block decoded (scalar), each

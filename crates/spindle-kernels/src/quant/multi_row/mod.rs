@@ -1,8 +1,8 @@
-// One file (over 500 lines) on purpose: the packed layouts (`WGroup`,
-// `ActGroup`), the code that packs them and the micro-kernel that reads them
-// are one contract, and the scalar path beside them must do the same float
-// operations bit for bit. Kept together, a change to one is made and reviewed
-// with the others.
+// One file (over 900 lines) on purpose: the folds (`Fold`, `fold_decoded`),
+// the packed layouts (`WGroup`, `ActGroup`), the code that packs them and the
+// micro-kernel that reads them are one contract, and the scalar path beside
+// them must do the same float operations bit for bit. Kept together, a change
+// to one is made and reviewed with the others (a new fold touches all four).
 
 //! Multi-row quantized matmul: each weight block is decoded once per call (per
 //! chunk of activation rows) and multiplied against many activation rows.
@@ -260,22 +260,36 @@ pub(crate) fn fold_decoded(
     }
 }
 
+/// Scalar: the integer sums of decoded block `blk` with activation block
+/// `b` of `a`, folded into `lane` by [`fold_decoded`].
+#[inline]
+pub(crate) fn fold_decoded_scalar(
+    fold: Fold,
+    lane: &mut f32,
+    blk: &Decoded,
+    a: ActRow<'_>,
+    b: usize,
+) {
+    let aq = &a.qs[32 * b..32 * b + 32];
+    let half = |h: usize, by: &dyn Fn(usize) -> i32| -> i32 {
+        (16 * h..16 * h + 16).map(|l| by(l) * aq[l] as i32).sum()
+    };
+    let value = |l: usize| blk.v[l] as i32;
+    let dots = [half(0, &value), half(1, &value)];
+    let half_sums = if matches!(fold, Fold::Q2) {
+        [half(0, &|_| 1), half(1, &|_| 1)]
+    } else {
+        [0, 0]
+    };
+    fold_decoded(fold, lane, blk, a, b, dots, half_sums);
+}
+
 /// Scalar multi-row dot of one decoded weight row with one activation row:
 /// the float operations of the type's one-row scalar kernel.
-pub(crate) fn dot_decoded<T: MultiRow>(w: &[Decoded], a: ActRow<'_>) -> f32 {
+fn dot_decoded<T: MultiRow>(w: &[Decoded], a: ActRow<'_>) -> f32 {
     let mut lanes = [0.0f32; 8];
-    for (b, (blk, aq)) in w.iter().zip(a.qs.chunks_exact(32)).enumerate() {
-        let half = |h: usize, by: &dyn Fn(usize) -> i32| -> i32 {
-            (16 * h..16 * h + 16).map(|l| by(l) * aq[l] as i32).sum()
-        };
-        let value = |l: usize| blk.v[l] as i32;
-        let dots = [half(0, &value), half(1, &value)];
-        let half_sums = if matches!(T::FOLD, Fold::Q2) {
-            [half(0, &|_| 1), half(1, &|_| 1)]
-        } else {
-            [0, 0]
-        };
-        fold_decoded(T::FOLD, &mut lanes[b % 8], blk, a, b, dots, half_sums);
+    for (b, blk) in w.iter().enumerate() {
+        fold_decoded_scalar(T::FOLD, &mut lanes[b % 8], blk, a, b);
     }
     tree8(&lanes)
 }
