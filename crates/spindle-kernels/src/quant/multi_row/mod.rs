@@ -134,12 +134,12 @@ pub(crate) struct ActGroup {
     pub qs: [i8; 256],
     /// Block scales.
     pub d: [f32; 8],
-    /// `Block32`: `OFFSET * bsum`, taken off the dot of unsigned values.
+    /// `Block32`: `OFFSET * bsum`, taken off the dot of unsigned values;
+    /// `Q2`: the sums of values 0..16 (those of 16..32 are `asum` minus
+    /// these). One field for both keeps the group small for every type.
     pub corr: [i32; 8],
-    /// `KMin`: the block sums as f32.
+    /// `KMin`, `Q2`: the block sums as f32 (exact).
     pub asum: [f32; 8],
-    /// `Q2`: per block, the sums of values 0..16 (`hsum[0]`) and 16..32.
-    pub hsum: [[i32; 8]; 2],
 }
 
 impl ActGroup {
@@ -148,7 +148,6 @@ impl ActGroup {
         d: [0.0; 8],
         corr: [0; 8],
         asum: [0.0; 8],
-        hsum: [[0; 8]; 2],
     };
 }
 
@@ -596,7 +595,7 @@ mod avx2 {
                 for (g, ag) in groups.iter_mut().enumerate() {
                     pack_act_group(a, g, offset, ag);
                     if matches!(T::FOLD, Fold::Q2) {
-                        ag.hsum = half_block_sums(a, g);
+                        ag.corr = low_half_sums(a, g);
                     }
                 }
             }
@@ -631,14 +630,12 @@ mod avx2 {
         }
     }
 
-    /// The sums of values 0..16 and 16..32 of each block of group `g` of
-    /// activation row `a` (0 past the row's end).
-    pub(crate) fn half_block_sums(a: ActRow<'_>, g: usize) -> [[i32; 8]; 2] {
-        let mut out = [[0; 8]; 2];
-        for (j, chunk) in a.qs.chunks_exact(32).skip(8 * g).take(8).enumerate() {
-            let lo: i32 = chunk[..16].iter().map(|&q| q as i32).sum();
-            out[0][j] = lo;
-            out[1][j] = a.bsums[8 * g + j] as i32 - lo;
+    /// The sums of values 0..16 of each block of group `g` of activation
+    /// row `a` (0 past the row's end).
+    fn low_half_sums(a: ActRow<'_>, g: usize) -> [i32; 8] {
+        let mut out = [0; 8];
+        for (o, chunk) in out.iter_mut().zip(a.qs.chunks_exact(32).skip(8 * g)) {
+            *o = chunk[..16].iter().map(|&q| q as i32).sum();
         }
         out
     }
@@ -790,13 +787,16 @@ mod avx2 {
                                 // As `fold_scaled_min` with the exact half-block
                                 // min sum for `asum`.
                                 let f1 = load_ps(addr_of!((*wg[r]).f1).cast());
+                                let low_sum = load_256(addr_of!((*ag[c]).corr).cast());
+                                let block_sum =
+                                    _mm256_cvtps_epi32(load_ps(addr_of!((*ag[c]).asum).cast()));
                                 let lo = _mm256_mullo_epi32(
                                     load_256(addr_of!((*wg[r]).mn[0]).cast()),
-                                    load_256(addr_of!((*ag[c]).hsum[0]).cast()),
+                                    low_sum,
                                 );
                                 let hi = _mm256_mullo_epi32(
                                     load_256(addr_of!((*wg[r]).mn[1]).cast()),
-                                    load_256(addr_of!((*ag[c]).hsum[1]).cast()),
+                                    _mm256_sub_epi32(block_sum, low_sum),
                                 );
                                 let msum = _mm256_add_epi32(lo, hi);
                                 let inner = _mm256_fmsub_ps(
