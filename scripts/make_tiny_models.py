@@ -61,10 +61,14 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -226,9 +230,55 @@ ARCHS: dict[str, dict] = {
             },
         ),
     ),
+    "qwen3moe": dict(
+        emb_std=0.3,
+        out_gain=2.5,
+        config_cls=Qwen3MoeConfig,
+        model_cls=Qwen3MoeForCausalLM,
+        gguf_arch="qwen3moe",
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=96,  # the dense width the config states; unused
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,  # as Qwen3-30B-A3B; llama.cpp always renormalizes
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            attention_bias=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0),
+        ),
+    ),
+    "mixtral": dict(
+        emb_std=1.0,
+        out_gain=1.0,
+        config_cls=MixtralConfig,
+        model_cls=MixtralForCausalLM,
+        gguf_arch="llama",  # MixtralForCausalLM converts to llama with expert tensors
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=48,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0),
+        ),
+    ),
 }
 
 GEMMA = ("gemma2", "gemma3")
+MOE = ("qwen3moe", "mixtral")
 
 
 # --------------------------------------------------------------------------------------
@@ -265,11 +315,13 @@ def build_model(arch: str, emb_std=None, out_gain=None):
                 p.copy_(torch.randn_like(p) * (2.0 / math.sqrt(hidden)))
             elif name.endswith(".bias"):
                 p.copy_(torch.randn_like(p) * 0.3)
-            elif name.endswith(".weight") and p.dim() == 2:
+            elif name.endswith(".weight") and p.dim() == 2 or ".experts." in name:
                 fan_in = p.shape[1]
                 gain = 1.0
                 if "q_proj" in name or "k_proj" in name:
                     gain = 1.6  # sharper attention so rope / windows matter
+                elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                    gain = 2.0  # a router that prefers clearly: distinct choices per token
                 elif "o_proj" in name or "down_proj" in name:
                     gain = out_gain
                 p.copy_(torch.randn_like(p) * (gain / math.sqrt(fan_in)))
@@ -380,6 +432,15 @@ def write_gguf(arch: str, cfg, state: dict[str, torch.Tensor], path: Path) -> No
         # LlamaModel.set_gguf_parameters
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(head_dim)
+    if arch == "mixtral":
+        # TextModel.set_gguf_parameters writes these for any config that has them
+        w.add_expert_count(hp["num_local_experts"])
+        w.add_expert_used_count(hp["num_experts_per_tok"])
+    if arch == "qwen3moe":
+        # Qwen2MoeModel.set_gguf_parameters (Qwen3MoeModel inherits it)
+        w.add_expert_count(hp.get("num_experts") or hp["num_local_experts"])
+        w.add_expert_used_count(hp["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
     if arch == "gemma2":
         # Gemma2Model.set_gguf_parameters (does not call super: no rope.freq_base,
         # llama.cpp's default 10000 applies)
@@ -412,9 +473,29 @@ def write_gguf(arch: str, cfg, state: dict[str, torch.Tensor], path: Path) -> No
         old_ctx = hp.get("original_max_position_embeddings", 8192)
         assert old_ctx == rope["original_max_position_embeddings"]
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, head_dim, old_ctx))
+    # Experts: one stacked [n_experts, rows, cols] tensor per layer and kind,
+    # as the converter merges them (experts.{j}.{gate,up,down}_proj / w1, w3, w2).
+    expert_kinds = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps",
+                    "w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
+    stacks: dict[str, dict[int, np.ndarray]] = {}
+    for name in list(state):
+        if ".experts." not in name:
+            continue
+        parts = name.split(".")
+        il, j, kind = int(parts[2]), int(parts[parts.index("experts") + 1]), parts[-2]
+        stacks.setdefault(f"blk.{il}.{expert_kinds[kind]}.weight", {})[j] = (
+            state[name].detach().to(torch.float32).numpy()
+        )
+    for new, by_j in sorted(stacks.items()):
+        w.add_tensor(new, np.ascontiguousarray(np.stack([by_j[j] for j in sorted(by_j)]), dtype=np.float32))
     for name in sorted(state):
         t = state[name].detach().to(torch.float32).numpy().copy()
         if name == "lm_head.weight" and hp["tie_word_embeddings"]:
+            continue
+        if ".experts." in name:
+            continue
+        if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+            w.add_tensor(f"blk.{name.split('.')[2]}.ffn_gate_inp.weight", np.ascontiguousarray(t, dtype=np.float32))
             continue
         if garch == "llama":
             if name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -471,7 +552,26 @@ def _rope(x, pos, base, neox, freq_factors=None):
     return out
 
 
-def gguf_forward(path: Path, ids: list[int]) -> np.ndarray:
+def _moe(h, T, p, k, route_gaps):
+    """llama.cpp's build_moe_ffn with softmax gating and normalized weights."""
+    logits = h @ T[p + "ffn_gate_inp.weight"].T  # [n, E]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    gate, up, down = (T[p + f"ffn_{s}_exps.weight"] for s in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for i in range(h.shape[0]):
+        order = np.argsort(-probs[i], kind="stable")
+        top = order[:k]
+        route_gaps.append(float(probs[i, order[k - 1]] - probs[i, order[k]]))
+        wts = probs[i, top] / probs[i, top].sum()
+        for j, wt in zip(top, wts):
+            a = _silu(gate[j] @ h[i]) * (up[j] @ h[i])
+            out[i] += wt * (down[j] @ a)
+    return out
+
+
+def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None) -> np.ndarray:
+    route_gaps = [] if route_gaps is None else route_gaps
     r = gguf.GGUFReader(str(path))
     arch = _field(r, "general.architecture")
     T = {t.name: np.array(t.data, dtype=np.float64) for t in r.tensors}
@@ -539,10 +639,13 @@ def gguf_forward(path: Path, ids: list[int]) -> np.ndarray:
             o = _rms(o, T[p + "post_attention_norm.weight"], eps)
         x = x + o
         h = _rms(x, T[p + "ffn_norm.weight"], eps)
-        gate = h @ T[p + "ffn_gate.weight"].T
-        up = h @ T[p + "ffn_up.weight"].T
-        act = _gelu_tanh(gate) if is_gemma else _silu(gate)
-        f = (act * up) @ T[p + "ffn_down.weight"].T
+        if p + "ffn_gate_inp.weight" in T:
+            f = _moe(h, T, p, g("expert_used_count"), route_gaps)
+        else:
+            gate = h @ T[p + "ffn_gate.weight"].T
+            up = h @ T[p + "ffn_up.weight"].T
+            act = _gelu_tanh(gate) if is_gemma else _silu(gate)
+            f = (act * up) @ T[p + "ffn_down.weight"].T
         if p + "post_ffw_norm.weight" in T:
             f = _rms(f, T[p + "post_ffw_norm.weight"], eps)
         x = x + f
@@ -576,17 +679,27 @@ def make(arch: str, rng: np.random.Generator) -> dict:
 
     prompts = []
     worst = 0.0
+    route_gap = float("inf")
     for L in PROMPT_LENS:
         ids = [int(t) for t in rng.integers(3, VOCAB, size=L)]
         logits = hf_logits(model, ids)
-        ref = gguf_forward(d / "model.gguf", ids)
+        gaps: list[float] = []
+        ref = gguf_forward(d / "model.gguf", ids, gaps)
+        if gaps:
+            # a near tie between the k-th and the next expert would make the
+            # choice, and so the logits, hang on rounding (float32 moves a
+            # probability by ~1e-7 here)
+            assert min(gaps) > 1e-5, f"{arch}: router near-tie {min(gaps)}"
         err = float(np.max(np.abs(ref - logits)))
         worst = max(worst, err)
         assert err < 1e-4, f"{arch}: GGUF numpy forward differs from transformers by {err}"
         toks, margins = greedy(model, ids, N_GREEDY)
         # the same greedy continuation from the GGUF path where the margin is safe
         full = hf_logits(model, ids + toks)
-        ref_full = gguf_forward(d / "model.gguf", ids + toks)
+        gaps_full: list[float] = []
+        ref_full = gguf_forward(d / "model.gguf", ids + toks, gaps_full)
+        assert not gaps_full or min(gaps_full) > 1e-5, f"{arch}: router near-tie in greedy"
+        route_gap = min([route_gap, *gaps_full]) if gaps_full else route_gap
         assert float(np.max(np.abs(ref_full - full))) < 1e-4
         for i, (t, m) in enumerate(zip(toks, margins)):
             if m > 1e-4:
@@ -619,6 +732,7 @@ def make(arch: str, rng: np.random.Generator) -> dict:
     print(
         f"{arch:8s} gguf-vs-hf max|d|={worst:.2e}  logits std={lg.std():.2f}  "
         f"greedy={[p['greedy'] for p in prompts][2]}  min margin={min(min(p['greedy_margin']) for p in prompts):.3g}"
+        + (f"  min router gap={route_gap:.2e}" if route_gap < float("inf") else "")
     )
     return ref
 

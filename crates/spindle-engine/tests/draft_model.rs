@@ -9,7 +9,7 @@ use spindle_engine::sampler::argmax;
 use spindle_engine::speculative::{Draft, DraftModelDrafter, Drafter, Source};
 use spindle_model::{Batch, Model, Row};
 
-const ARCHS: [&str; 2] = ["gemma3", "llama"];
+const ARCHS: [&str; 3] = ["gemma3", "llama", "qwen3moe"];
 const CTX: usize = 1024;
 
 fn fixture(arch: &str) -> PathBuf {

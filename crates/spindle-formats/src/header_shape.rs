@@ -32,6 +32,16 @@ pub enum ArchFamily {
     Qwen3,
     Gemma2,
     Gemma3,
+    /// Qwen 3 with a mixture of experts in every layer.
+    Qwen3Moe,
+    /// Mistral's mixture of experts: GGUF writes it as `llama` with expert
+    /// tensors, config.json as `mixtral`.
+    Mixtral,
+    /// Phi-3: fused q/k/v and gate/up projections.
+    Phi3,
+    /// OpenAI's gpt-oss: experts, attention sinks, alternating sliding
+    /// and full layers.
+    GptOss,
 }
 
 impl ArchFamily {
@@ -45,6 +55,10 @@ impl ArchFamily {
             "qwen3" => ArchFamily::Qwen3,
             "gemma2" => ArchFamily::Gemma2,
             "gemma3" | "gemma3_text" => ArchFamily::Gemma3,
+            "qwen3moe" | "qwen3_moe" => ArchFamily::Qwen3Moe,
+            "mixtral" => ArchFamily::Mixtral,
+            "phi3" => ArchFamily::Phi3,
+            "gpt-oss" | "gpt_oss" => ArchFamily::GptOss,
             _ => return None,
         })
     }
@@ -58,6 +72,11 @@ impl ArchFamily {
             ArchFamily::Qwen3 => "qwen3",
             ArchFamily::Gemma2 => "gemma2",
             ArchFamily::Gemma3 => "gemma3",
+            ArchFamily::Qwen3Moe => "qwen3moe",
+            // GGUF has no name of its own for it: `llama` with expert tensors.
+            ArchFamily::Mixtral => "mixtral",
+            ArchFamily::Phi3 => "phi3",
+            ArchFamily::GptOss => "gpt-oss",
         }
     }
 }
@@ -148,6 +167,45 @@ pub struct HeaderShape {
     /// tells: GGUF by having no `output.weight`, config.json by
     /// `tie_word_embeddings` or the family's default.
     pub tied_embeddings: Option<bool>,
+    /// The mixture of experts of every layer's feed-forward block, for
+    /// models that have one (then `n_ff` is the dense width the header
+    /// states, unused by the layers).
+    pub experts: Option<ExpertShape>,
+}
+
+/// How many experts a layer has, how many a token uses, and their width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertShape {
+    pub n_experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub n_used: usize,
+    /// Hidden width of one expert's feed-forward block.
+    pub n_ff: usize,
+}
+
+impl ExpertShape {
+    fn checked(
+        n_experts: usize,
+        n_used: usize,
+        n_ff: usize,
+        used_key: &str,
+        origin: HeaderSource,
+    ) -> Result<ExpertShape, FormatError> {
+        if n_used == 0 || n_used > n_experts {
+            return Err(bad(
+                used_key,
+                origin,
+                &format!(
+                    "it is {n_used}, but a token must use between 1 and all {n_experts} experts"
+                ),
+            ));
+        }
+        Ok(ExpertShape {
+            n_experts,
+            n_used,
+            n_ff,
+        })
+    }
 }
 
 /// Which layers of a family slide when it has a window and no explicit
@@ -177,7 +235,7 @@ impl Pattern {
 
 /// The one place that decides which layers of a family slide.
 ///
-/// Gemma 2 slides its even layers and Gemma 3 all but every
+/// Gemma 2 and gpt-oss slide their even layers and Gemma 3 all but every
 /// `global_every`-th, as transformers and llama.cpp run them. llama.cpp
 /// runs Llama, Mistral and other GGUFs with full attention, so a GGUF
 /// window of those is unused. In config.json, transformers' Mistral slides
@@ -191,11 +249,12 @@ fn family_pattern(
 ) -> Pattern {
     use ArchFamily::*;
     match (family, source) {
-        (Some(Gemma2), _) => Pattern::EvenLayers,
+        (Some(Gemma2 | GptOss), _) => Pattern::EvenLayers,
         (Some(Gemma3), _) => Pattern::GlobalEvery(global_every),
         (_, HeaderSource::Gguf) => Pattern::Full,
         (Some(Mistral) | None, HeaderSource::HfConfig) => Pattern::All,
-        (Some(Llama | Qwen2 | Qwen3), HeaderSource::HfConfig) => Pattern::Full,
+        (Some(Mixtral), HeaderSource::HfConfig) => Pattern::All,
+        (Some(Llama | Qwen2 | Qwen3 | Qwen3Moe | Phi3), HeaderSource::HfConfig) => Pattern::Full,
     }
 }
 
@@ -239,10 +298,27 @@ impl HeaderShape {
             .and_then(|v| usize::try_from(v).ok())
             .or_else(|| gguf.get_array("tokenizer.ggml.tokens").map(<[_]>::len))
             .or_else(|| get("vocab_size"));
-        let pattern = family_pattern(arch.family, src, GEMMA3_GLOBAL_EVERY);
+        let experts = match get("expert_count").filter(|&n| n > 0) {
+            None => None,
+            Some(n_experts) => {
+                let used_key = key("expert_used_count");
+                let n_used = get("expert_used_count")
+                    .ok_or_else(|| missing(&used_key, src, "a non-negative integer"))?;
+                let n_ff = get("expert_feed_forward_length").unwrap_or(n_ff);
+                Some(ExpertShape::checked(
+                    n_experts, n_used, n_ff, &used_key, src,
+                )?)
+            }
+        };
+        let family = match arch.family {
+            Some(ArchFamily::Llama) if experts.is_some() => Some(ArchFamily::Mixtral),
+            f => f,
+        };
+        let pattern = family_pattern(family, src, GEMMA3_GLOBAL_EVERY);
         let (sliding_window, layer_sliding) =
             sliding_layers(n_layers, get("attention.sliding_window"), None, pattern);
         Ok(HeaderShape {
+            experts,
             source: src,
             n_layers,
             n_embd,
@@ -255,7 +331,10 @@ impl HeaderShape {
             sliding_window,
             layer_sliding,
             tied_embeddings: Some(gguf.tensor("output.weight").is_none()),
-            arch,
+            arch: HeaderArch {
+                family,
+                ..arch.clone()
+            },
         })
     }
 
@@ -299,6 +378,23 @@ impl HeaderShape {
             }
             _ => GEMMA3_GLOBAL_EVERY,
         };
+        let experts = match get("num_experts")
+            .or_else(|| get("num_local_experts"))
+            .filter(|&n| n > 0)
+        {
+            None => None,
+            Some(n_experts) => {
+                let n_used = req("num_experts_per_tok")?;
+                let n_ff = get("moe_intermediate_size").unwrap_or(n_ff);
+                Some(ExpertShape::checked(
+                    n_experts,
+                    n_used,
+                    n_ff,
+                    "num_experts_per_tok",
+                    src,
+                )?)
+            }
+        };
         let listed = layer_types(&cfg, n_layers);
         let pattern = family_pattern(family, src, global_every);
         let (sliding_window, layer_sliding) = sliding_layers(n_layers, window, listed, pattern);
@@ -323,6 +419,7 @@ impl HeaderShape {
             sliding_window,
             layer_sliding,
             tied_embeddings,
+            experts,
         })
     }
 

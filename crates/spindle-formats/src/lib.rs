@@ -15,7 +15,8 @@ pub use dtype::{type_info, unsupported_type_name, GgmlType, TypeInfo};
 pub use error::FormatError;
 pub use gguf::{GgufFile, GgufTensorInfo, MetaValue};
 pub use header_shape::{
-    ArchFamily, HeaderArch, HeaderShape, HeaderSource, DEFAULT_CONTEXT_LENGTH, KV_BLOCK_TOKENS,
+    ArchFamily, ExpertShape, HeaderArch, HeaderShape, HeaderSource, DEFAULT_CONTEXT_LENGTH,
+    KV_BLOCK_TOKENS,
 };
 pub use safetensors_dir::{is_hf_dir, HfConfig, SafetensorsModel, SafetensorsTensor};
 pub use storage::{Storage, TensorBytes};

@@ -50,12 +50,14 @@ impl ArchTraits {
             ..base
         };
         match family {
-            Family::Llama | Family::Mistral => base,
+            Family::Llama | Family::Mistral | Family::Mixtral | Family::Phi3 | Family::GptOss => {
+                base
+            }
             Family::Qwen2 => ArchTraits {
                 qkv_bias: true,
                 ..base
             },
-            Family::Qwen3 => ArchTraits {
+            Family::Qwen3 | Family::Qwen3Moe => ArchTraits {
                 qk_norm: true,
                 ..base
             },

@@ -26,6 +26,27 @@ pub enum RopeScaling {
     },
 }
 
+/// A layer's mixture of experts: how a token picks its experts and weighs
+/// their outputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    /// Experts each token uses (top-k).
+    pub n_used: usize,
+    /// Hidden width of one expert.
+    pub n_ff: usize,
+    pub routing: Routing,
+}
+
+/// How router logits become the weights of the chosen experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over every expert, the top k kept; with `renormalize` the
+    /// kept weights are divided by their sum (Mixtral, Qwen3-MoE with
+    /// `norm_topk_prob`).
+    SoftmaxTopK { renormalize: bool },
+}
+
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
@@ -50,11 +71,18 @@ pub struct ModelConfig {
     pub attn_scale: f32,
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
+    /// The experts of every layer, for mixture-of-experts models.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
     pub fn family(&self) -> Family {
         self.arch.family
+    }
+
+    /// Experts a token reads in each layer (0 for a dense model).
+    pub fn experts_per_token(&self) -> usize {
+        self.moe.map_or(0, |m| m.n_used)
     }
 
     pub fn q_dim(&self) -> usize {
@@ -75,8 +103,11 @@ impl ModelConfig {
 
     /// From GGUF metadata (`{arch}.*` keys as llama.cpp writes them).
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, ModelError> {
-        let family = known_family(HeaderArch::from_gguf(gguf))?;
+        known_family(HeaderArch::from_gguf(gguf))?;
         let h = HeaderShape::from_gguf(gguf).map_err(header_error)?;
+        // The shape knows the family better than the name: `llama` with
+        // experts is Mixtral.
+        let family = known_family(Ok(h.arch.clone()))?;
         let arch = h.arch.name.as_str();
         let key = |k: &str| format!("{arch}.{k}");
         // The forward pass computes over the embedding's rows.
@@ -104,7 +135,7 @@ impl ModelConfig {
             rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_base: f("rope.freq_base").unwrap_or(10_000.0),
             // GGUF Llama q/k rows are permuted at conversion so pairs are adjacent.
-            rope_style: if family == Family::Llama || family == Family::Mistral {
+            rope_style: if matches!(family, Family::Llama | Family::Mistral | Family::Mixtral) {
                 RopeStyle::Interleaved
             } else {
                 RopeStyle::Neox
@@ -113,6 +144,12 @@ impl ModelConfig {
             attn_scale,
             attn_softcap: f("attn_logit_softcapping").filter(|&c| c > 0.0),
             final_softcap: f("final_logit_softcapping").filter(|&c| c > 0.0),
+            // llama.cpp renormalizes the kept weights of both Mixtral and
+            // Qwen3-MoE unless the file says otherwise.
+            renormalize: gguf
+                .get(&key("expert_weights_norm"))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true),
         };
         Ok(ModelConfig::shaped(h, traits, vocab_size, reads))
     }
@@ -196,6 +233,10 @@ impl ModelConfig {
             attn_scale,
             attn_softcap: f("attn_logit_softcapping").filter(|&c| c > 0.0),
             final_softcap: f("final_logit_softcapping").filter(|&c| c > 0.0),
+            // Mixtral always renormalizes; Qwen3-MoE when `norm_topk_prob`
+            // says so (transformers' default: no).
+            renormalize: family == Family::Mixtral
+                || cfg.get_bool("norm_topk_prob").unwrap_or(false),
         };
         Ok(ModelConfig::shaped(h, traits, vocab_size, reads))
     }
@@ -223,6 +264,14 @@ impl ModelConfig {
             attn_scale: r.attn_scale,
             attn_softcap: r.attn_softcap,
             final_softcap: r.final_softcap,
+            moe: h.experts.map(|x| MoeConfig {
+                n_experts: x.n_experts,
+                n_used: x.n_used,
+                n_ff: x.n_ff,
+                routing: Routing::SoftmaxTopK {
+                    renormalize: r.renormalize,
+                },
+            }),
         }
     }
 
@@ -271,14 +320,18 @@ struct Reads {
     attn_scale: f32,
     attn_softcap: Option<f32>,
     final_softcap: Option<f32>,
+    renormalize: bool,
 }
 
 /// The family of a header's architecture, or the typed refusal of one
 /// Spindle does not run (before any other key is read).
 fn known_family(arch: Result<HeaderArch, FormatError>) -> Result<Family, ModelError> {
     let arch = arch.map_err(header_error)?;
-    arch.family
-        .ok_or(ModelError::UnsupportedArchitecture(arch.name))
+    match arch.family {
+        // The planner knows its shape; the decoder does not run it yet.
+        None | Some(Family::GptOss) => Err(ModelError::UnsupportedArchitecture(arch.name)),
+        Some(f) => Ok(f),
+    }
 }
 
 /// A key the header lacks is missing metadata; anything else a format error.

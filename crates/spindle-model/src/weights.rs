@@ -51,10 +51,59 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
-    pub w_down: Matrix,
+    pub ffn: FeedForward,
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A layer's feed-forward block: one gated MLP, or a router over experts.
+#[derive(Clone)]
+pub enum FeedForward {
+    Dense {
+        gate: Matrix,
+        up: Matrix,
+        down: Matrix,
+    },
+    Experts(ExpertWeights),
+}
+
+/// The router and the experts of a mixture-of-experts layer; expert `j`'s
+/// matrices are element `j` of each list (ranges of one stacked tensor in
+/// GGUF, one tensor each in safetensors).
+#[derive(Clone)]
+pub struct ExpertWeights {
+    /// `n_experts` rows: one router logit per expert.
+    pub router: Matrix,
+    pub gate: Vec<Matrix>,
+    pub up: Vec<Matrix>,
+    pub down: Vec<Matrix>,
+}
+
+impl FeedForward {
+    /// The matrices one token reads: all of a dense block; the router and
+    /// `n_used` experts (the first ones stand for any: experts are alike
+    /// in size) of a mixture.
+    pub fn matrices_per_token(&self, n_used: usize) -> Vec<&Matrix> {
+        match self {
+            FeedForward::Dense { gate, up, down } => vec![gate, up, down],
+            FeedForward::Experts(x) => std::iter::once(&x.router)
+                .chain(
+                    (0..n_used.min(x.gate.len())).flat_map(|j| [&x.gate[j], &x.up[j], &x.down[j]]),
+                )
+                .collect(),
+        }
+    }
+
+    /// Every matrix of the block.
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        match self {
+            FeedForward::Dense { gate, up, down } => vec![gate, up, down],
+            FeedForward::Experts(x) => std::iter::once(&x.router)
+                .chain(x.gate.iter())
+                .chain(x.up.iter())
+                .chain(x.down.iter())
+                .collect(),
+        }
+    }
 }
 
 /// All weights of a model.
@@ -159,6 +208,59 @@ impl TensorSource<'_> {
         }))
     }
 
+    /// The `n` experts' `rows x cols` matrices of layer `layer`'s
+    /// `stem` (`ffn_gate_exps`, ...): slices of GGUF's stacked tensor, or
+    /// one safetensors tensor each.
+    fn expert_matrices(
+        &self,
+        layer: usize,
+        stem: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Matrix>, ModelError> {
+        let name = format!("blk.{layer}.{stem}.weight");
+        match self {
+            TensorSource::Gguf(_) => {
+                let Some(raw) = self.raw(&name)? else {
+                    return Err(self.missing(&name));
+                };
+                if raw.shape != [n, rows, cols] || raw.data.len() % n != 0 {
+                    return Err(ModelError::BadShape {
+                        name,
+                        got: raw.shape,
+                        want: vec![n, rows, cols],
+                    });
+                }
+                if let Some((block, value)) = spindle_kernels::first_bad_scale(raw.ty, &raw.data) {
+                    return Err(ModelError::NonFiniteScale { name, block, value });
+                }
+                let per = raw.data.len() / n;
+                (0..n)
+                    .map(|j| {
+                        let data = raw.data.slice(j * per..(j + 1) * per).ok_or_else(|| {
+                            ModelError::BadShape {
+                                name: name.clone(),
+                                got: vec![raw.data.len()],
+                                want: vec![n, rows, cols],
+                            }
+                        })?;
+                        Ok(Matrix {
+                            name: format!("{name}[{j}]"),
+                            ty: raw.ty,
+                            rows,
+                            cols,
+                            data,
+                        })
+                    })
+                    .collect()
+            }
+            TensorSource::Safetensors(_) => (0..n)
+                .map(|j| self.matrix(&format!("blk.{layer}.{stem}.{j}.weight"), rows, cols))
+                .collect(),
+        }
+    }
+
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
         self.matrix_opt(name, rows, cols)?
             .ok_or_else(|| self.missing(name))
@@ -256,13 +358,29 @@ impl Weights {
                 // name `post_attention_layernorm` means the pre-FFN norm.
                 post_attn_norm: sandwich("post_attention_norm.weight")?,
                 ffn_norm: norm("ffn_norm.weight")?,
-                w_gate: src.matrix(&n("ffn_gate.weight"), ff, e)?,
-                w_up: src.matrix(&n("ffn_up.weight"), ff, e)?,
-                w_down: src.matrix(&n("ffn_down.weight"), e, ff)?,
+                ffn: match &cfg.moe {
+                    None => FeedForward::Dense {
+                        gate: src.matrix(&n("ffn_gate.weight"), ff, e)?,
+                        up: src.matrix(&n("ffn_up.weight"), ff, e)?,
+                        down: src.matrix(&n("ffn_down.weight"), e, ff)?,
+                    },
+                    Some(moe) => {
+                        let (x, xff) = (moe.n_experts, moe.n_ff);
+                        FeedForward::Experts(ExpertWeights {
+                            router: src.matrix(&n("ffn_gate_inp.weight"), x, e)?,
+                            gate: src.expert_matrices(l, "ffn_gate_exps", x, xff, e)?,
+                            up: src.expert_matrices(l, "ffn_up_exps", x, xff, e)?,
+                            down: src.expert_matrices(l, "ffn_down_exps", x, e, xff)?,
+                        })
+                    }
+                },
                 post_ffn_norm: sandwich("post_ffw_norm.weight")?,
             });
         }
-        let rope_freqs = if cfg.arch.family == Family::Llama || cfg.arch.family == Family::Mistral {
+        let rope_freqs = if matches!(
+            cfg.arch.family,
+            Family::Llama | Family::Mistral | Family::Mixtral
+        ) {
             src.vector_opt("rope_freqs.weight", cfg.head_dim / 2, 0.0)?
         } else {
             None
@@ -279,30 +397,29 @@ impl Weights {
     /// Bytes of every matrix read once per decode pass (the output head once).
     /// Weights in the layers' matrices (not the embedding or the head):
     /// one multiply-accumulate each per prompt token.
-    pub fn layer_matrix_values(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                    .iter()
-                    .map(|m| m.rows * m.cols)
-                    .sum::<usize>()
-            })
+    /// For a mixture of experts, the router and the `n_used` experts a
+    /// token reads.
+    pub fn layer_matrix_values(&self, n_used: usize) -> usize {
+        self.layer_matrices_per_token(n_used)
+            .map(|m| m.rows * m.cols)
             .sum()
     }
 
-    pub fn matrix_bytes(&self) -> usize {
-        let per_layer: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                    .iter()
-                    .map(|m| m.n_bytes())
-                    .sum::<usize>()
-            })
-            .sum();
-        per_layer + self.output.n_bytes()
+    /// Bytes one token's pass reads from the matrices: the layers' (the
+    /// router and `n_used` experts of a mixture) and the head's.
+    pub fn matrix_bytes(&self, n_used: usize) -> usize {
+        self.layer_matrices_per_token(n_used)
+            .map(Matrix::n_bytes)
+            .sum::<usize>()
+            + self.output.n_bytes()
+    }
+
+    fn layer_matrices_per_token(&self, n_used: usize) -> impl Iterator<Item = &Matrix> {
+        self.layers.iter().flat_map(move |l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo]
+                .into_iter()
+                .chain(l.ffn.matrices_per_token(n_used))
+        })
     }
 }
 
@@ -345,11 +462,42 @@ fn hf_names(gguf_name: &str) -> Vec<String> {
                 "ffn_gate" => &["mlp.gate_proj"],
                 "ffn_up" => &["mlp.up_proj"],
                 "ffn_down" => &["mlp.down_proj"],
-                _ => &[],
+                "ffn_gate_inp" => &["mlp.gate", "block_sparse_moe.gate"],
+                _ => return hf_expert_names(layer, stem, suffix, &with_prefixes),
             };
             hf.iter()
                 .flat_map(|h| with_prefixes(&format!("layers.{layer}.{h}.{suffix}")))
                 .collect()
         }
     }
+}
+
+/// Hugging Face names of one expert's matrix, from Spindle's per-expert
+/// name `ffn_{gate,up,down}_exps.{j}` (GGUF stacks the experts in one
+/// tensor; Hugging Face checkpoints keep one per expert).
+fn hf_expert_names(
+    layer: &str,
+    stem: &str,
+    suffix: &str,
+    with_prefixes: &dyn Fn(&str) -> Vec<String>,
+) -> Vec<String> {
+    let Some((kind, j)) = stem.split_once('.') else {
+        return vec![];
+    };
+    let names: [&str; 2] = match kind {
+        // Qwen3-MoE's names, then Mixtral's.
+        "ffn_gate_exps" => ["gate_proj", "w1"],
+        "ffn_up_exps" => ["up_proj", "w3"],
+        "ffn_down_exps" => ["down_proj", "w2"],
+        _ => return vec![],
+    };
+    let mut out = with_prefixes(&format!(
+        "layers.{layer}.mlp.experts.{j}.{}.{suffix}",
+        names[0]
+    ));
+    out.extend(with_prefixes(&format!(
+        "layers.{layer}.block_sparse_moe.experts.{j}.{}.{suffix}",
+        names[1]
+    )));
+    out
 }

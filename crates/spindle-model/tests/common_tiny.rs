@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use spindle_model::{Batch, KvCache, LoadedModel};
 
-pub const ARCHS: [&str; 6] = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"];
+pub const ARCHS: [&str; 8] = [
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "mixtral",
+];
 
 #[derive(Deserialize)]
 pub struct Reference {

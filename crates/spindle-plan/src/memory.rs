@@ -90,6 +90,12 @@ pub fn activation_terms(
     let keys = visible.saturating_add(chain).min(ctx).max(1);
     let group = shape.n_heads / shape.n_kv_heads.max(1);
     // Widest matmul input row: wq/wk/wv/gate/up read n_embd, wo q_dim, down n_ff.
+    // A mixture of experts runs its experts at their own width and keeps
+    // no dense gate/up rows.
+    let (ff, dense_ff) = match shape.experts {
+        Some(x) => (x.n_ff, 0),
+        None => (ff, ff),
+    };
     let widest = e.max(qd).max(ff);
     let quant = shape.weights.quantized_matmuls;
     let threads = profile.threads;
@@ -109,8 +115,8 @@ pub fn activation_terms(
             mul(&[F32, n, qd]),
         ),
         ("PassBuffers.o: output projections, f32", mul(&[F32, n, e])),
-        ("PassBuffers.gate: FFN gate, f32", mul(&[F32, n, ff])),
-        ("PassBuffers.up: FFN up, f32", mul(&[F32, n, ff])),
+        ("PassBuffers.gate: FFN gate, f32", mul(&[F32, n, dense_ff])),
+        ("PassBuffers.up: FFN up, f32", mul(&[F32, n, dense_ff])),
         (
             "PassBuffers.hn: final-normed rows that want logits, f32",
             mul(&[F32, logit_rows, e]),
@@ -121,6 +127,33 @@ pub fn activation_terms(
             mul(&[2, shape.n_layers, n, kv.row_bytes(kvd)]),
         ),
     ];
+    if let Some(x) = shape.experts {
+        // forward/experts.rs ExpertBuffers: an expert's rows are at most
+        // the pass's (every row may choose it).
+        let (ne, k) = (x.n_experts, x.n_used);
+        terms.extend([
+            (
+                "ExpertBuffers.logits: router logits, f32",
+                mul(&[F32, n, ne]),
+            ),
+            (
+                "ExpertBuffers.choices and members: each row's experts",
+                mul(&[16 + 8, n, k]).saturating_add(mul(&[24, ne])),
+            ),
+            (
+                "ExpertBuffers.x and y: one expert's rows in and out, f32",
+                mul(&[2 * F32, n, e]),
+            ),
+            (
+                "ExpertBuffers.gate and up: one expert's hidden rows, f32",
+                mul(&[2 * F32, n, ff]),
+            ),
+            (
+                "ExpertBuffers.slots: every chosen expert's output, f32",
+                mul(&[F32, n, k, e]),
+            ),
+        ]);
+    }
     if quant {
         // matmul.rs ACTS (calling thread): int8 values plus, per 32, an f32
         // scale and an i16 sum; sized by the widest input of the largest pass.

@@ -264,7 +264,7 @@ pub fn plan(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) 
             batch_32: c32,
         },
         q8_kv_gain,
-        weights_read_per_step_bytes: shape.weights.decode_read_bytes(),
+        weights_read_per_step_bytes: shape.decode_read_bytes(batch),
         kv_read_per_seq_bytes: shape.kv_bytes_per_seq(ctx, kv),
         activation_terms,
         overhead_terms,
@@ -286,6 +286,18 @@ fn notes(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) -> 
     if let Family::Other(name) = &shape.family {
         notes.push(format!(
             "architecture '{name}' is not one Spindle runs; planned as a plain decoder"
+        ));
+    }
+    if let Some(x) = shape.experts {
+        let b = request.batch.max(1);
+        notes.push(format!(
+            "mixture of experts: {} experts a layer, {} per token; a decode step of {b} row{} \
+             reads {:.1} of them on average (E x (1 - (1 - k/E)^B)), so {} of the weights",
+            x.n_experts,
+            x.n_used,
+            if b == 1 { "" } else { "s" },
+            x.expected_distinct(b),
+            crate::report::human_bytes(shape.decode_read_bytes(b)),
         ));
     }
     if shape.weights.tensors == 0 {

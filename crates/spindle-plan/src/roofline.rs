@@ -10,6 +10,8 @@ use crate::shape::ModelShape;
 
 /// Decode ceiling in tokens/s with `batch` sequences at context `ctx`:
 /// `batch x bandwidth / (weights read per step + batch x KV per sequence)`.
+/// A mixture-of-experts step reads the shared weights and the experts its
+/// rows are expected to choose ([`ModelShape::decode_read_bytes`]).
 /// The KV per sequence is what the step's last token reads, sliding layers
 /// reading only their window.
 pub fn decode_tokens_per_s(
@@ -19,7 +21,7 @@ pub fn decode_tokens_per_s(
     kv: KvType,
     device: &Device,
 ) -> f64 {
-    let weights = shape.weights.decode_read_bytes() as f64;
+    let weights = shape.decode_read_bytes(batch) as f64;
     let kv_bytes = shape.kv_read_bytes_per_seq(ctx, kv) as f64;
     let bytes = weights + batch as f64 * kv_bytes;
     if bytes <= 0.0 {
@@ -57,9 +59,9 @@ pub fn prefill_tokens_per_s(shape: &ModelShape, tokens: u64, device: &Device) ->
     if tokens == 0 {
         return 0.0;
     }
-    let matmul = 2.0 * shape.weights.layer_matmul_params as f64 * tokens as f64;
+    let matmul = 2.0 * shape.active_matmul_params() as f64 * tokens as f64;
     let compute_s = (matmul + attention_flops(shape, tokens)) / device.flops();
-    let memory_s = shape.weights.decode_read_bytes() as f64 / device.bandwidth_bytes_s();
+    let memory_s = shape.decode_read_bytes(tokens) as f64 / device.bandwidth_bytes_s();
     let seconds = compute_s.max(memory_s);
     if seconds <= 0.0 {
         return 0.0;
@@ -72,7 +74,7 @@ pub fn prefill_tokens_per_s(shape: &ModelShape, tokens: u64, device: &Device) ->
 /// weights read per step`), or `None` when it never does: every layer
 /// slides and the windows together hold less than the weights.
 pub fn kv_crossover_ctx(shape: &ModelShape, batch: u64, kv: KvType) -> Option<u64> {
-    let weights = shape.weights.decode_read_bytes();
+    let weights = shape.decode_read_bytes(batch);
     let reads = |ctx: u64| shape.kv_read_bytes_per_seq(ctx, kv).saturating_mul(batch);
     let row = 2u64.saturating_mul(kv.row_bytes(shape.kv_dim()));
     if batch == 0 || row == 0 {

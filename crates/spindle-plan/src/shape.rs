@@ -24,6 +24,11 @@ pub enum Family {
     Qwen3,
     Gemma2,
     Gemma3,
+    Qwen3Moe,
+    Mixtral,
+    Phi3,
+    #[serde(rename = "gpt-oss")]
+    GptOss,
     /// An architecture Spindle does not run; planned as a plain decoder.
     Other(String),
 }
@@ -37,6 +42,10 @@ impl From<ArchFamily> for Family {
             ArchFamily::Qwen3 => Family::Qwen3,
             ArchFamily::Gemma2 => Family::Gemma2,
             ArchFamily::Gemma3 => Family::Gemma3,
+            ArchFamily::Qwen3Moe => Family::Qwen3Moe,
+            ArchFamily::Mixtral => Family::Mixtral,
+            ArchFamily::Phi3 => Family::Phi3,
+            ArchFamily::GptOss => Family::GptOss,
         }
     }
 }
@@ -62,6 +71,10 @@ impl Family {
             Family::Qwen3 => ArchFamily::Qwen3,
             Family::Gemma2 => ArchFamily::Gemma2,
             Family::Gemma3 => ArchFamily::Gemma3,
+            Family::Qwen3Moe => ArchFamily::Qwen3Moe,
+            Family::Mixtral => ArchFamily::Mixtral,
+            Family::Phi3 => ArchFamily::Phi3,
+            Family::GptOss => ArchFamily::GptOss,
             Family::Other(_) => return None,
         })
     }
@@ -87,7 +100,31 @@ pub struct ModelShape {
     pub layer_sliding: Vec<bool>,
     /// Whether the output head is the token embedding.
     pub tied_embeddings: bool,
+    /// The experts of each layer, for a mixture-of-experts model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<Experts>,
     pub weights: WeightStats,
+}
+
+/// A layer's mixture of experts as the plan counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Experts {
+    pub n_experts: u64,
+    /// Experts a token is routed to.
+    pub n_used: u64,
+    /// Hidden width of one expert.
+    pub n_ff: u64,
+}
+
+impl Experts {
+    /// Expected distinct experts a layer reads for `rows` rows routed
+    /// independently and uniformly: `E x (1 - (1 - k/E)^rows)`.
+    pub fn expected_distinct(&self, rows: u64) -> f64 {
+        let e = self.n_experts.max(1) as f64;
+        let p = (self.n_used as f64 / e).min(1.0);
+        let rows = rows.min(i32::MAX as u64) as i32;
+        e * (1.0 - (1.0 - p).powi(rows))
+    }
 }
 
 impl ModelShape {
@@ -199,8 +236,42 @@ impl ModelShape {
             sliding_window: h.sliding_window.map(|w| w as u64),
             layer_sliding: h.layer_sliding,
             tied_embeddings: h.tied_embeddings.unwrap_or(false),
+            experts: h.experts.map(|x| Experts {
+                n_experts: x.n_experts as u64,
+                n_used: x.n_used as u64,
+                n_ff: x.n_ff as u64,
+            }),
             weights,
         })
+    }
+
+    /// Weight bytes one decode step with `rows` rows streams: every
+    /// matrix but the experts once, and of the experts the share a pass
+    /// of `rows` rows is expected to touch (all of them for a dense model).
+    pub fn decode_read_bytes(&self, rows: u64) -> u64 {
+        let all = self.weights.decode_read_bytes();
+        match self.experts {
+            Some(x) if self.weights.expert_bytes > 0 => {
+                let share = x.expected_distinct(rows.max(1)) / x.n_experts.max(1) as f64;
+                let experts = self.weights.expert_bytes;
+                all - experts + (experts as f64 * share).round() as u64
+            }
+            _ => all,
+        }
+    }
+
+    /// Multiply-accumulates of the decoder layers' matrices per token: all
+    /// of a dense model's, the shared ones and `n_used` experts' of a
+    /// mixture.
+    pub fn active_matmul_params(&self) -> u64 {
+        let w = &self.weights;
+        match self.experts {
+            Some(x) if w.expert_matmul_params > 0 => {
+                let share = x.n_used as f64 / x.n_experts.max(1) as f64;
+                w.layer_matmul_params + (w.expert_matmul_params as f64 * share).round() as u64
+            }
+            _ => w.layer_matmul_params + w.expert_matmul_params,
+        }
     }
 
     /// Width of all query heads.

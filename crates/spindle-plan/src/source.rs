@@ -50,6 +50,14 @@ pub struct WeightStats {
     /// Elements of the 2-D tensors inside decoder layers: the matmuls every
     /// token goes through (embedding and head excluded).
     pub layer_matmul_params: u64,
+    /// Bytes of the experts' matrices of mixture-of-experts layers
+    /// (GGUF's stacked `*_exps` tensors, Hugging Face's `.experts.`);
+    /// part of `bytes`.
+    #[serde(default)]
+    pub expert_bytes: u64,
+    /// Elements of those matrices (not in `layer_matmul_params`).
+    #[serde(default)]
+    pub expert_matmul_params: u64,
     /// Elements of 1-D tensors (norms, biases), which the engine keeps as
     /// f32 copies.
     pub vector_params: u64,
@@ -73,6 +81,8 @@ impl WeightStats {
             output_head_bytes: 0,
             non_language_bytes: 0,
             layer_matmul_params: 0,
+            expert_bytes: 0,
+            expert_matmul_params: 0,
             vector_params: 0,
             quantized_matmuls: false,
             file_overhead_bytes: 0,
@@ -109,11 +119,16 @@ impl WeightStats {
             Role::Embedding => self.embedding_bytes += t.bytes,
             Role::OutputHead => self.output_head_bytes += t.bytes,
             Role::NonLanguage => self.non_language_bytes += t.bytes,
+            Role::Expert if t.dims.len() >= 2 => {
+                self.expert_bytes = self.expert_bytes.saturating_add(t.bytes);
+                self.expert_matmul_params = self.expert_matmul_params.saturating_add(elements);
+                self.quantized_matmuls |= !matches!(t.type_name, "F32" | "F16" | "BF16");
+            }
             Role::Layer if t.dims.len() == 2 => {
                 self.layer_matmul_params = self.layer_matmul_params.saturating_add(elements);
                 self.quantized_matmuls |= !matches!(t.type_name, "F32" | "F16" | "BF16");
             }
-            Role::Layer | Role::Other => {}
+            Role::Layer | Role::Expert | Role::Other => {}
         }
         if t.dims.len() == 1 && t.role != Role::NonLanguage {
             self.vector_params = self.vector_params.saturating_add(elements);
@@ -127,6 +142,8 @@ enum Role {
     Embedding,
     OutputHead,
     Layer,
+    /// A matrix of one or all experts of a layer.
+    Expert,
     NonLanguage,
     Other,
 }
@@ -142,6 +159,7 @@ fn gguf_role(name: &str) -> Role {
     match name {
         "token_embd.weight" => Role::Embedding,
         "output.weight" => Role::OutputHead,
+        _ if name.starts_with("blk.") && name.contains("_exps.") => Role::Expert,
         _ if name.starts_with("blk.") => Role::Layer,
         _ => Role::Other,
     }
@@ -162,6 +180,8 @@ fn hf_role(name: &str) -> Role {
         Role::Embedding
     } else if name.ends_with("lm_head.weight") {
         Role::OutputHead
+    } else if name.contains(".layers.") && name.contains(".experts.") {
+        Role::Expert
     } else if name.contains(".layers.") {
         Role::Layer
     } else {

@@ -24,6 +24,8 @@ fn llama_8b_bf16() -> ModelShape {
         output_head_bytes: 1_050_673_152,
         non_language_bytes: 0,
         layer_matmul_params: 6_979_321_856,
+        expert_bytes: 0,
+        expert_matmul_params: 0,
         vector_params: 266_240,
         quantized_matmuls: false,
         file_overhead_bytes: 0,
@@ -144,6 +146,7 @@ fn gemma_270m() -> ModelShape {
         sliding_window: Some(512),
         layer_sliding: (0..18).map(|l| (l + 1) % 6 != 0).collect(),
         tied_embeddings: true,
+        experts: None,
         weights: WeightStats {
             format: WeightFormat::Gguf,
             bytes: 246_587_904,

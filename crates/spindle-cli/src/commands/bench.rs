@@ -108,7 +108,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let bandwidth = read_bandwidth(&ThreadPool::new(threads), 1 << 30, 3);
     let peaks = int8_mac_peaks(threads, 0.3);
     let w = &model.weights;
-    let bytes_per_pass = w.matrix_bytes() + w.embed.data.len() / w.embed.rows.max(1);
+    let bytes_per_pass =
+        w.matrix_bytes(model.config.experts_per_token()) + w.embed.data.len() / w.embed.rows.max(1);
 
     // The planner's count of the KV bytes a decode pass reads.
     let shape = spindle_plan::ModelShape::from_path(&args.model.resolve()?)?;
@@ -186,7 +187,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // The layers' matrices are one int8 multiply-accumulate per weight per
     // prompt token (the head runs for the last token only; attention is
     // float and not counted).
-    let macs_per_token = model.weights.layer_matrix_values() as f64;
+    let macs_per_token = model
+        .weights
+        .layer_matrix_values(model.config.experts_per_token()) as f64;
     let pp_macs = pp.as_ref().map(|s| s.median * macs_per_token);
     let path_peak = peaks
         .iter()

@@ -1,6 +1,7 @@
 //! The decoder: one pass of a `Batch` through every layer, top to bottom.
 
 mod attention;
+mod experts;
 mod row_ops;
 
 use std::ops::Range;
@@ -17,7 +18,7 @@ use crate::error::ModelError;
 use crate::kv_cache::{KvCache, KvLayout, KvType, BLOCK};
 use crate::parallel::{for_each_task, DisjointChunks};
 use crate::profile::{OpClock, OpTimes};
-use crate::weights::{Matrix, Weights};
+use crate::weights::{FeedForward, Matrix, Weights};
 
 /// A model ready to run: configuration, weights, rope tables, threads.
 pub struct Model {
@@ -46,6 +47,7 @@ struct PassBuffers {
     gate: Vec<f32>,
     up: Vec<f32>,
     hn: Vec<f32>,
+    experts: experts::ExpertBuffers,
 }
 
 /// Logits of the rows of a pass that asked for them.
@@ -324,6 +326,7 @@ impl Model {
             o,
             gate,
             up,
+            experts: expert_buffers,
             ..
         } = &mut *guard;
         for (buf, len) in [
@@ -334,8 +337,8 @@ impl Model {
             (&mut *v, n * kvd),
             (&mut *attn, n * qd),
             (&mut *o, n * e),
-            (&mut *gate, n * cfg.n_ff),
-            (&mut *up, n * cfg.n_ff),
+            (&mut *gate, if cfg.moe.is_some() { 0 } else { n * cfg.n_ff }),
+            (&mut *up, if cfg.moe.is_some() { 0 } else { n * cfg.n_ff }),
         ] {
             buf.resize(len, 0.0);
         }
@@ -383,13 +386,33 @@ impl Model {
             // Feed-forward block.
             self.norm_rows(h, &lw.ffn_norm, xn, n);
             clock.mark("norms, residual");
-            self.matmul(&lw.w_gate, xn, n, gate)?;
-            self.matmul(&lw.w_up, xn, n, up)?;
-            clock.mark("matmul gate+up");
-            self.gated_rows(gate, up, n);
-            clock.mark("activation");
-            self.matmul(&lw.w_down, gate, n, o)?;
-            clock.mark("matmul down");
+            match (&lw.ffn, &cfg.moe) {
+                (FeedForward::Experts(x), Some(moe)) => {
+                    self.experts_ffn(x, moe, xn, n, o, expert_buffers)?;
+                    clock.mark("experts");
+                }
+                (
+                    FeedForward::Dense {
+                        gate: wg,
+                        up: wu,
+                        down: wd,
+                    },
+                    _,
+                ) => {
+                    self.matmul(wg, xn, n, gate)?;
+                    self.matmul(wu, xn, n, up)?;
+                    clock.mark("matmul gate+up");
+                    self.gated_rows(gate, up, n);
+                    clock.mark("activation");
+                    self.matmul(wd, gate, n, o)?;
+                    clock.mark("matmul down");
+                }
+                (FeedForward::Experts(_), None) => {
+                    return Err(ModelError::InvalidBatch(
+                        "a layer has experts but the config has none".into(),
+                    ))
+                }
+            }
             self.add_residual(h, o, lw.post_ffn_norm.as_deref(), n);
         }
 

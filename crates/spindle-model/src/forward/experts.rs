@@ -1,0 +1,143 @@
+//! A mixture-of-experts feed-forward block. Each row's router picks its
+//! experts; the pass then runs expert by expert over all the rows that
+//! chose it, so each expert's weights are read once per pass (the
+//! multi-row kernel) however many rows share it. Every row's result is
+//! its own: the kernels give a row the same bits in any batch, and a row
+//! sums its experts' outputs in its own top-k order, so which other rows
+//! share the pass changes nothing.
+
+use spindle_kernels::activation::gated;
+
+use super::*;
+use crate::config::{MoeConfig, Routing};
+use crate::weights::ExpertWeights;
+
+/// Buffers of the expert block, reused from pass to pass.
+#[derive(Default)]
+pub(super) struct ExpertBuffers {
+    /// Router logits, `n x n_experts`.
+    logits: Vec<f32>,
+    /// Per row, its `n_used` choices: expert and weight, best first.
+    choices: Vec<(usize, f32)>,
+    /// Per expert, the slots (`row * n_used + rank`) that chose it.
+    members: Vec<Vec<usize>>,
+    /// An expert's input rows, gathered.
+    x: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    y: Vec<f32>,
+    /// Every slot's expert output, `n x n_used x n_embd`.
+    slots: Vec<f32>,
+}
+
+impl Model {
+    /// `out = sum over each row's chosen experts of weight x expert(xn)`.
+    pub(super) fn experts_ffn(
+        &self,
+        w: &ExpertWeights,
+        moe: &MoeConfig,
+        xn: &[f32],
+        n: usize,
+        out: &mut [f32],
+        b: &mut ExpertBuffers,
+    ) -> Result<(), ModelError> {
+        let e = self.config.n_embd;
+        let (ne, k, ff) = (moe.n_experts, moe.n_used, moe.n_ff);
+        b.logits.resize(n * ne, 0.0);
+        self.matmul(&w.router, xn, n, &mut b.logits)?;
+
+        b.choices.clear();
+        for row in b.logits.chunks_exact(ne) {
+            route(row, moe.routing, k, &mut b.choices);
+        }
+        b.members.resize_with(ne, Vec::new);
+        b.members.iter_mut().for_each(Vec::clear);
+        for (slot, &(expert, _)) in b.choices.iter().enumerate() {
+            b.members[expert].push(slot);
+        }
+
+        b.slots.resize(n * k * e, 0.0);
+        let act = self.config.arch.activation;
+        for (j, slots) in b.members.iter().enumerate() {
+            let m = slots.len();
+            if m == 0 {
+                continue;
+            }
+            b.x.resize(m * e, 0.0);
+            for (r, &slot) in slots.iter().enumerate() {
+                let row = slot / k;
+                b.x[r * e..(r + 1) * e].copy_from_slice(&xn[row * e..(row + 1) * e]);
+            }
+            b.gate.resize(m * ff, 0.0);
+            b.up.resize(m * ff, 0.0);
+            b.y.resize(m * e, 0.0);
+            self.matmul(&w.gate[j], &b.x, m, &mut b.gate)?;
+            self.matmul(&w.up[j], &b.x, m, &mut b.up)?;
+            for (g, u) in b.gate.chunks_exact_mut(ff).zip(b.up.chunks_exact(ff)) {
+                gated(self.isa, act, g, u);
+            }
+            self.matmul(&w.down[j], &b.gate, m, &mut b.y)?;
+            for (r, &slot) in slots.iter().enumerate() {
+                b.slots[slot * e..(slot + 1) * e].copy_from_slice(&b.y[r * e..(r + 1) * e]);
+            }
+        }
+
+        for i in 0..n {
+            let o = &mut out[i * e..(i + 1) * e];
+            o.fill(0.0);
+            for rank in 0..k {
+                let slot = i * k + rank;
+                let weight = b.choices[slot].1;
+                let y = &b.slots[slot * e..(slot + 1) * e];
+                o.iter_mut().zip(y).for_each(|(a, v)| *a += weight * v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends a row's `k` choices (expert, weight), best first; ties go to
+/// the lower expert index, so the choice is a function of the logits alone.
+fn route(logits: &[f32], routing: Routing, k: usize, choices: &mut Vec<(usize, f32)>) {
+    let Routing::SoftmaxTopK { renormalize } = routing;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let probs: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    let top = &order[..k];
+    let kept: f32 = top.iter().map(|&j| probs[j] / total).sum();
+    for &j in top {
+        let p = probs[j] / total;
+        choices.push((j, if renormalize { p / kept } else { p }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_keeps_the_top_k_of_the_softmax() {
+        let logits = [0.0f32, 2.0, 1.0, 2.0];
+        let mut c = Vec::new();
+        route(
+            &logits,
+            Routing::SoftmaxTopK { renormalize: false },
+            2,
+            &mut c,
+        );
+        // Ties go to the lower index; weights are softmax probabilities.
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        assert_eq!((c[0].0, c[1].0), (1, 3));
+        assert!((c[0].1 as f64 - 2f64.exp() / z).abs() < 1e-6);
+        c.clear();
+        route(
+            &logits,
+            Routing::SoftmaxTopK { renormalize: true },
+            2,
+            &mut c,
+        );
+        assert!((c[0].1 - 0.5).abs() < 1e-6 && (c[1].1 - 0.5).abs() < 1e-6);
+    }
+}
