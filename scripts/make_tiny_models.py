@@ -63,6 +63,8 @@ from transformers import (  # noqa: E402
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -275,6 +277,35 @@ ARCHS: dict[str, dict] = {
             rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0),
         ),
     ),
+    "phi3": dict(
+        emb_std=1.0,
+        out_gain=1.0,
+        config_cls=Phi3Config,
+        model_cls=Phi3ForCausalLM,
+        gguf_arch="phi3",
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            # LongRoPE as Phi-3-128k has it: distinct short and long factors and
+            # an attention factor from 16384 / 4096. The fixture's prompts are
+            # within the original context, so transformers uses the short ones
+            # (as does a cache of at most 4096 tokens).
+            max_position_embeddings=16384,
+            original_max_position_embeddings=4096,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                short_factor=[1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0],
+                long_factor=[1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0],
+                original_max_position_embeddings=4096,
+            ),
+        ),
+    ),
 }
 
 GEMMA = ("gemma2", "gemma3")
@@ -288,7 +319,7 @@ def build_model(arch: str, emb_std=None, out_gain=None):
     spec = ARCHS[arch]
     emb_std = spec.get("emb_std", 1.0) if emb_std is None else emb_std
     out_gain = spec.get("out_gain", 1.0) if out_gain is None else out_gain
-    cfg = spec["config_cls"](**COMMON, **spec["kwargs"])
+    cfg = spec["config_cls"](**{**COMMON, **spec["kwargs"]})
     cfg._attn_implementation = "eager"
     torch.manual_seed(SEED + sum(map(ord, arch)))
     model = spec["model_cls"](cfg).to(torch.float32).eval()
@@ -412,7 +443,7 @@ def write_gguf(arch: str, cfg, state: dict[str, torch.Tensor], path: Path) -> No
     cfg_head_dim = hp.get("head_dim")
     head_dim = cfg_head_dim or hp["hidden_size"] // hp["num_attention_heads"]
     rope = hp.get("rope_parameters") or {}
-    if arch != "gemma2":
+    if arch not in ("gemma2", "phi3"):
         # TextModel.set_gguf_parameters (llama, qwen2, qwen3, gemma3 call it)
         w.add_block_count(n_layer)
         w.add_context_length(hp["max_position_embeddings"])
@@ -432,6 +463,23 @@ def write_gguf(arch: str, cfg, state: dict[str, torch.Tensor], path: Path) -> No
         # LlamaModel.set_gguf_parameters
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(head_dim)
+    if arch == "phi3":
+        # Phi3MiniModel.set_gguf_parameters and its rope factor tensors
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_embedding_length(hp["hidden_size"])
+        w.add_feed_forward_length(hp["intermediate_size"])
+        w.add_block_count(n_layer)
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_head_count_kv(hp["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_freq_base(rope["rope_theta"])
+        scale = hp["max_position_embeddings"] / rope["original_max_position_embeddings"]
+        attn_factor = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(rope["original_max_position_embeddings"]))
+        w.add_rope_scaling_attn_factors(attn_factor)
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     if arch == "mixtral":
         # TextModel.set_gguf_parameters writes these for any config that has them
         w.add_expert_count(hp["num_local_experts"])
@@ -570,7 +618,7 @@ def _moe(h, T, p, k, route_gaps):
     return out
 
 
-def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None) -> np.ndarray:
+def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, long_rope=False) -> np.ndarray:
     route_gaps = [] if route_gaps is None else route_gaps
     r = gguf.GGUFReader(str(path))
     arch = _field(r, "general.architecture")
@@ -595,6 +643,11 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None) -> 
     # layer il uses SWA iff il % pattern < pattern - 1
     pattern = {"gemma2": 2, "gemma3": 6}.get(arch, 0)
     freq_factors = T.get("rope_freqs.weight")
+    # phi3 LongRoPE: llama.cpp takes the short factors while the context is
+    # within the original one (the fixture's is), and scales q and k
+    if "rope_factors_short.weight" in T:
+        freq_factors = T["rope_factors_long.weight" if long_rope else "rope_factors_short.weight"]
+    attn_factor = g("rope.scaling.attn_factor", 1.0)
 
     n = len(ids)
     pos = np.arange(n)
@@ -605,9 +658,13 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None) -> 
         p = f"blk.{il}."
         swa = pattern and n_swa and (il % pattern < pattern - 1)
         h = _rms(x, T[p + "attn_norm.weight"], eps)
-        q = h @ T[p + "attn_q.weight"].T
-        k = h @ T[p + "attn_k.weight"].T
-        v = h @ T[p + "attn_v.weight"].T
+        if p + "attn_qkv.weight" in T:  # phi3: fused q, k, v
+            qkv = h @ T[p + "attn_qkv.weight"].T
+            q, k, v = np.split(qkv, [n_head * hd, n_head * hd + n_kv * hd], axis=-1)
+        else:
+            q = h @ T[p + "attn_q.weight"].T
+            k = h @ T[p + "attn_k.weight"].T
+            v = h @ T[p + "attn_v.weight"].T
         if p + "attn_q.bias" in T:
             q, k, v = q + T[p + "attn_q.bias"], k + T[p + "attn_k.bias"], v + T[p + "attn_v.bias"]
         q = q.reshape(n, n_head, hd)
@@ -617,8 +674,8 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None) -> 
             q = _rms(q, T[p + "attn_q_norm.weight"], eps)
             k = _rms(k, T[p + "attn_k_norm.weight"], eps)
         b = base_swa if (arch == "gemma3" and swa) else base
-        q = _rope(q, pos, b, neox, freq_factors)
-        k = _rope(k, pos, b, neox, freq_factors)
+        q = _rope(q, pos, b, neox, freq_factors) * attn_factor
+        k = _rope(k, pos, b, neox, freq_factors) * attn_factor
         grp = n_head // n_kv
         k = np.repeat(k, grp, axis=1)
         v = np.repeat(v, grp, axis=1)
@@ -641,6 +698,9 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None) -> 
         h = _rms(x, T[p + "ffn_norm.weight"], eps)
         if p + "ffn_gate_inp.weight" in T:
             f = _moe(h, T, p, g("expert_used_count"), route_gaps)
+        elif p + "ffn_gate.weight" not in T:  # phi3: gate and up fused in ffn_up
+            gate, up = np.split(h @ T[p + "ffn_up.weight"].T, 2, axis=-1)
+            f = (_silu(gate) * up) @ T[p + "ffn_down.weight"].T
         else:
             gate = h @ T[p + "ffn_gate.weight"].T
             up = h @ T[p + "ffn_up.weight"].T
@@ -714,6 +774,12 @@ def make(arch: str, rng: np.random.Generator) -> dict:
         )
         distinct = len(set(toks))
         assert distinct >= 3, f"{arch}: degenerate greedy output {toks}"
+    if arch == "phi3":
+        # a cache past the original context switches to the long factors
+        # (llama.cpp's rule); transformers has no fixed-cache equivalent, so
+        # the reference is the float64 GGUF forward pass
+        long = gguf_forward(d / "model.gguf", prompts[0]["ids"], long_rope=True)
+        prompts[0]["long_rope_logits"] = [[r6(v) for v in row] for row in long]
     hp = model.config
     layer_types = getattr(hp, "layer_types", None)
     ref = dict(

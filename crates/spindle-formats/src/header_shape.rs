@@ -253,8 +253,10 @@ fn family_pattern(
         (Some(Gemma3), _) => Pattern::GlobalEvery(global_every),
         (_, HeaderSource::Gguf) => Pattern::Full,
         (Some(Mistral) | None, HeaderSource::HfConfig) => Pattern::All,
-        (Some(Mixtral), HeaderSource::HfConfig) => Pattern::All,
-        (Some(Llama | Qwen2 | Qwen3 | Qwen3Moe | Phi3), HeaderSource::HfConfig) => Pattern::Full,
+        // transformers slides every layer of these when the config has a
+        // window (llama.cpp's Phi-3 ignores it: "Phi SWA is disabled").
+        (Some(Mixtral | Phi3), HeaderSource::HfConfig) => Pattern::All,
+        (Some(Llama | Qwen2 | Qwen3 | Qwen3Moe), HeaderSource::HfConfig) => Pattern::Full,
     }
 }
 

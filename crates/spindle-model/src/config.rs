@@ -24,6 +24,17 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_context: f32,
     },
+    /// Phi-3's LongRoPE: per-pair frequency divisors, `short` while the
+    /// run's context is within `original_context`, `long` past it (as
+    /// llama.cpp chooses, by the context the cache holds), and attention
+    /// scores scaled by `attn_factor` squared (transformers multiplies cos
+    /// and sin, so q and k, by it).
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original_context: usize,
+        attn_factor: f32,
+    },
 }
 
 /// A layer's mixture of experts: how a token picks its experts and weighs
@@ -126,15 +137,42 @@ impl ModelConfig {
             // Llama 3 scaling is baked into the `rope_freqs.weight` tensor by the converter.
             _ => RopeScaling::None,
         };
+        // Phi-3's converter writes LongRoPE as two factor tensors.
+        let rope_scaling = match (
+            gguf_vector(gguf, "rope_factors_short.weight", h.head_dim / 2)?,
+            gguf_vector(gguf, "rope_factors_long.weight", h.head_dim / 2)?,
+        ) {
+            (Some(short), Some(long)) => RopeScaling::LongRope {
+                short,
+                long,
+                original_context: gguf
+                    .get_u64(&key("rope.scaling.original_context_length"))
+                    .map_or(h.context_length, |v| v as usize),
+                attn_factor: f("rope.scaling.attn_factor").unwrap_or(1.0),
+            },
+            _ => rope_scaling,
+        };
+        if let Some(dims) = gguf.get_u64(&key("rope.dimension_count")) {
+            if dims as usize != h.head_dim {
+                return Err(ModelError::Unsupported(format!(
+                    "{} rotates {dims} of each head's {} dimensions (partial rotary \
+                     embeddings), which Spindle does not run yet",
+                    key("rope.dimension_count"),
+                    h.head_dim
+                )));
+            }
+        }
         let mut traits = ArchTraits::of(family);
         if let Some(base) = f("rope.freq_base_swa") {
             traits.local_rope_base = Some(base);
         }
-        let attn_scale = f("attention.scale").unwrap_or(1.0 / (h.head_dim as f32).sqrt());
+        let attn_scale = f("attention.scale").unwrap_or(1.0 / (h.head_dim as f32).sqrt())
+            * long_rope_score_scale(&rope_scaling);
         let reads = Reads {
             rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_base: f("rope.freq_base").unwrap_or(10_000.0),
-            // GGUF Llama q/k rows are permuted at conversion so pairs are adjacent.
+            // GGUF Llama q/k rows are permuted at conversion so pairs are
+            // adjacent; Phi-3's are not (llama.cpp runs it NEOX).
             rope_style: if matches!(family, Family::Llama | Family::Mistral | Family::Mixtral) {
                 RopeStyle::Interleaved
             } else {
@@ -210,6 +248,7 @@ impl ModelConfig {
                         high_freq_factor: g("high_freq_factor", 4.0),
                         original_context: g("original_max_position_embeddings", 8192.0),
                     },
+                    "longrope" | "su" => long_rope_from_hf(&s, &cfg, h.head_dim, h.context_length)?,
                     _ => RopeScaling::None,
                 }
             }
@@ -221,10 +260,19 @@ impl ModelConfig {
                 .get_bool("attention_bias")
                 .unwrap_or(family == Family::Qwen2);
         }
+        if let Some(p) = cfg
+            .get_f64("partial_rotary_factor")
+            .or_else(|| num(&full_params, "partial_rotary_factor").map(f64::from))
+            .filter(|&p| p != 1.0)
+        {
+            return Err(ModelError::Unsupported(format!(
+                "partial_rotary_factor is {p}: partial rotary embeddings are not run yet"
+            )));
+        }
         let attn_scale = match f("query_pre_attn_scalar") {
             Some(s) if matches!(family, Family::Gemma2 | Family::Gemma3) => 1.0 / s.sqrt(),
             _ => 1.0 / (h.head_dim as f32).sqrt(),
-        };
+        } * long_rope_score_scale(&rope_scaling);
         let reads = Reads {
             rms_eps: f("rms_norm_eps").unwrap_or(1e-6),
             rope_base,
@@ -310,6 +358,83 @@ impl ModelConfig {
     }
 }
 
+/// The attention factor of LongRoPE, squared: it scales both q and k.
+fn long_rope_score_scale(scaling: &RopeScaling) -> f32 {
+    match scaling {
+        RopeScaling::LongRope { attn_factor, .. } => attn_factor * attn_factor,
+        _ => 1.0,
+    }
+}
+
+/// LongRoPE from a `rope_parameters` / `rope_scaling` object, with
+/// transformers' default attention factor
+/// `sqrt(1 + ln(factor) / ln(original))`, `factor = context / original`.
+fn long_rope_from_hf(
+    s: &serde_json::Value,
+    cfg: &HfConfig,
+    head_dim: usize,
+    context: usize,
+) -> Result<RopeScaling, ModelError> {
+    let factors = |k: &str| -> Result<Vec<f32>, ModelError> {
+        let v: Option<Vec<f32>> = s
+            .get(k)
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect());
+        match v {
+            Some(v) if v.len() == head_dim / 2 => Ok(v),
+            _ => Err(ModelError::MissingMetadata(format!(
+                "rope {k}: a list of {} numbers (half the head size)",
+                head_dim / 2
+            ))),
+        }
+    };
+    let original = s
+        .get("original_max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .or_else(|| {
+            cfg.get_usize("original_max_position_embeddings")
+                .map(|v| v as u64)
+        })
+        .map_or(context, |v| v as usize)
+        .max(1);
+    let factor = s
+        .get("factor")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(context as f64 / original as f64);
+    let attn_factor = s
+        .get("attention_factor")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(if factor <= 1.0 {
+            1.0
+        } else {
+            (1.0 + factor.ln() / (original as f64).ln()).sqrt()
+        });
+    Ok(RopeScaling::LongRope {
+        short: factors("short_factor")?,
+        long: factors("long_factor")?,
+        original_context: original,
+        attn_factor: attn_factor as f32,
+    })
+}
+
+/// A small f32 tensor of a GGUF file (rope factors), checked for length.
+fn gguf_vector(gguf: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    let Some(t) = gguf.tensor(name) else {
+        return Ok(None);
+    };
+    let bytes = gguf.tensor_bytes(t);
+    let mut out = vec![0.0f32; len];
+    if t.dims.iter().product::<u64>() != len as u64 {
+        return Err(ModelError::BadShape {
+            name: name.into(),
+            got: t.dims.iter().map(|&d| d as usize).collect(),
+            want: vec![len],
+        });
+    }
+    spindle_kernels::dequantize(t.ty()?, &bytes, &mut out)?;
+    Ok(Some(out))
+}
+
 /// What GGUF metadata and `config.json` spell differently, each read by
 /// its own reader.
 struct Reads {
@@ -384,9 +509,9 @@ mod tests {
 
     #[test]
     fn unsupported_architecture_is_refused_before_other_keys() {
-        let err = from_hf(json!({"model_type": "phi3"})).unwrap_err();
+        let err = from_hf(json!({"model_type": "mamba"})).unwrap_err();
         assert!(
-            matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "phi3"),
+            matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "mamba"),
             "{err}"
         );
         let err = from_hf(json!({"num_hidden_layers": 2})).unwrap_err();

@@ -11,8 +11,10 @@ pub enum ModelError {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
-    #[error("unsupported architecture '{0}': Spindle runs llama, mistral, qwen2, qwen3, gemma2 and gemma3 models")]
+    #[error("unsupported architecture '{0}': Spindle runs llama, mistral, mixtral, qwen2, qwen3, qwen3moe, phi3, gemma2 and gemma3 models")]
     UnsupportedArchitecture(String),
+    #[error("unsupported model feature: {0}")]
+    Unsupported(String),
     #[error("model metadata is missing '{0}': the file was not written by a known converter")]
     MissingMetadata(String),
     #[error("model tensor '{name}' is missing: the file is incomplete or not a {arch} model")]

@@ -343,11 +343,27 @@ impl Weights {
                     Ok(None)
                 }
             };
+            // Phi-3 fuses q, k and v into one matrix, and gate and up into
+            // another: their rows are the parts in order, so each part is a
+            // range of the fused bytes.
+            let fused = arch.family == Family::Phi3;
+            let [wq, wk, wv] = if fused {
+                split_rows(
+                    src.matrix(&n("attn_qkv.weight"), q + 2 * kv, e)?,
+                    [q, kv, kv],
+                )?
+            } else {
+                [
+                    src.matrix(&n("attn_q.weight"), q, e)?,
+                    src.matrix(&n("attn_k.weight"), kv, e)?,
+                    src.matrix(&n("attn_v.weight"), kv, e)?,
+                ]
+            };
             layers.push(LayerWeights {
                 attn_norm: norm("attn_norm.weight")?,
-                wq: src.matrix(&n("attn_q.weight"), q, e)?,
-                wk: src.matrix(&n("attn_k.weight"), kv, e)?,
-                wv: src.matrix(&n("attn_v.weight"), kv, e)?,
+                wq,
+                wk,
+                wv,
                 wo: src.matrix(&n("attn_output.weight"), e, q)?,
                 bq: bias("attn_q.bias", q)?,
                 bk: bias("attn_k.bias", kv)?,
@@ -359,6 +375,15 @@ impl Weights {
                 post_attn_norm: sandwich("post_attention_norm.weight")?,
                 ffn_norm: norm("ffn_norm.weight")?,
                 ffn: match &cfg.moe {
+                    None if fused => {
+                        let [gate, up] =
+                            split_rows(src.matrix(&n("ffn_up.weight"), 2 * ff, e)?, [ff, ff])?;
+                        FeedForward::Dense {
+                            gate,
+                            up,
+                            down: src.matrix(&n("ffn_down.weight"), e, ff)?,
+                        }
+                    }
                     None => FeedForward::Dense {
                         gate: src.matrix(&n("ffn_gate.weight"), ff, e)?,
                         up: src.matrix(&n("ffn_up.weight"), ff, e)?,
@@ -423,6 +448,33 @@ impl Weights {
     }
 }
 
+/// The row ranges `parts` of a fused matrix, in order, as matrices of
+/// their own (no copy: each is a range of the fused bytes).
+fn split_rows<const N: usize>(m: Matrix, parts: [usize; N]) -> Result<[Matrix; N], ModelError> {
+    let row_bytes = m.data.len() / m.rows.max(1);
+    let mut start = 0;
+    let mut out = Vec::with_capacity(N);
+    for (i, rows) in parts.into_iter().enumerate() {
+        let bytes = start * row_bytes..(start + rows) * row_bytes;
+        let data = m.data.slice(bytes).ok_or_else(|| ModelError::BadShape {
+            name: m.name.clone(),
+            got: vec![m.rows, m.cols],
+            want: vec![parts.iter().sum(), m.cols],
+        })?;
+        out.push(Matrix {
+            name: format!("{}[part {i}]", m.name),
+            ty: m.ty,
+            rows,
+            cols: m.cols,
+            data,
+        });
+        start += rows;
+    }
+    Ok(out
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N parts were pushed")))
+}
+
 /// Hugging Face names for a GGUF tensor name, most likely first.
 fn hf_names(gguf_name: &str) -> Vec<String> {
     const PREFIXES: [&str; 3] = ["model.", "model.language_model.", "language_model.model."];
@@ -460,7 +512,9 @@ fn hf_names(gguf_name: &str) -> Vec<String> {
                 "ffn_norm" => &["pre_feedforward_layernorm", "post_attention_layernorm"],
                 "post_ffw_norm" => &["post_feedforward_layernorm"],
                 "ffn_gate" => &["mlp.gate_proj"],
-                "ffn_up" => &["mlp.up_proj"],
+                // Phi-3 fuses gate and up (GGUF's ffn_up holds both).
+                "ffn_up" => &["mlp.up_proj", "mlp.gate_up_proj"],
+                "attn_qkv" => &["self_attn.qkv_proj"],
                 "ffn_down" => &["mlp.down_proj"],
                 "ffn_gate_inp" => &["mlp.gate", "block_sparse_moe.gate"],
                 _ => return hf_expert_names(layer, stem, suffix, &with_prefixes),

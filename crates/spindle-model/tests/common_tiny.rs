@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use spindle_model::{Batch, KvCache, LoadedModel};
 
-pub const ARCHS: [&str; 8] = [
-    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "mixtral",
+pub const ARCHS: [&str; 9] = [
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "mixtral", "phi3",
 ];
 
 #[derive(Deserialize)]

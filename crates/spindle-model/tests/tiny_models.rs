@@ -144,3 +144,46 @@ fn the_full_weight_scan_names_a_non_finite_value() {
         "{e}"
     );
 }
+
+/// Phi-3's LongRoPE takes the long factors once the cache is longer than
+/// the original context (4096 in the fixture), as llama.cpp does; the
+/// reference is the fixture script's float64 pass with those factors.
+#[test]
+fn phi3_long_rope_switches_factors_with_the_cache_length() {
+    #[derive(serde::Deserialize)]
+    struct Long {
+        prompts: Vec<LongPrompt>,
+    }
+    #[derive(serde::Deserialize)]
+    struct LongPrompt {
+        ids: Vec<u32>,
+        long_rope_logits: Option<Vec<Vec<f32>>>,
+        logits: Vec<Vec<f32>>,
+    }
+    let text = std::fs::read_to_string(fixture_dir("phi3").join("reference.json")).unwrap();
+    let r: Long = serde_json::from_str(&text).unwrap();
+    let p = &r.prompts[0];
+    let want_long = p.long_rope_logits.as_ref().expect("long_rope_logits");
+    for (kind, path) in sources("phi3") {
+        let m = load(&path, 2);
+        let run = |max_len: usize| {
+            let mut cache = m.model.new_kv_cache(m.model.default_kv_type(), max_len, 1);
+            let seq = cache.add_sequence().unwrap();
+            let mut batch = spindle_model::Batch::new();
+            batch.push_chain(seq, 0, &p.ids, |_| true);
+            let logits = m.model.forward(&batch, &mut cache).unwrap();
+            (0..p.ids.len())
+                .map(|i| logits.row(i).unwrap().to_vec())
+                .collect::<Vec<_>>()
+        };
+        for (max_len, want) in [(4096, &p.logits), (4097, want_long)] {
+            let got = run(max_len);
+            for (g, w) in got.iter().zip(want) {
+                let e = rel_err(g, w);
+                assert!(e < 1e-3, "{kind}: cache {max_len}: rel err {e}");
+            }
+        }
+        // The two factor sets give clearly different logits.
+        assert!(rel_err(&p.logits[4], &want_long[4]) > 1e-2);
+    }
+}

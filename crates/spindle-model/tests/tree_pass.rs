@@ -36,7 +36,7 @@ fn tree_rows_equal_their_paths_alone_bit_for_bit() {
     // gemma3 has sliding layers (window 8 in the fixture) and a global one;
     // qwen2 has biases; llama uses interleaved rope in its GGUF; qwen3moe
     // and mixtral route each row to its own experts.
-    for arch in ["gemma3", "qwen2", "llama", "qwen3moe", "mixtral"] {
+    for arch in ["gemma3", "qwen2", "llama", "qwen3moe", "mixtral", "phi3"] {
         for (kind, path) in sources(arch) {
             let m = load(&path, 2);
             let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 200).collect();

@@ -26,6 +26,9 @@ pub struct Model {
     pub weights: Weights,
     /// One rope table per layer (bases differ between sliding and global layers).
     ropes: Vec<RopeTable>,
+    /// LongRoPE's tables for caches longer than the original context they
+    /// take over at (Phi-3).
+    long_ropes: Option<(usize, Vec<RopeTable>)>,
     pool: ThreadPool,
     isa: Isa,
     profiling: bool,
@@ -116,32 +119,49 @@ struct RowPlan {
 
 impl Model {
     pub fn new(config: ModelConfig, weights: Weights, n_threads: usize) -> Self {
-        let factors = weights
-            .rope_freqs
-            .clone()
-            .or_else(|| config.llama3_freq_factors());
+        use crate::config::RopeScaling;
+        let (factors, long) = match &config.rope_scaling {
+            RopeScaling::LongRope {
+                short,
+                long,
+                original_context,
+                ..
+            } => (Some(short.clone()), Some((*original_context, long.clone()))),
+            _ => (
+                weights
+                    .rope_freqs
+                    .clone()
+                    .or_else(|| config.llama3_freq_factors()),
+                None,
+            ),
+        };
         let linear = match config.rope_scaling {
-            crate::config::RopeScaling::Linear { factor } => factor,
+            RopeScaling::Linear { factor } => factor,
             _ => 1.0,
         };
-        let ropes = (0..config.n_layers)
-            .map(|l| {
-                let sliding = config.layer_sliding[l];
-                // Gemma 3 scales only its global layers.
-                let scale = if sliding { 1.0 } else { linear };
-                RopeTable::new(
-                    config.rope_style,
-                    config.layer_rope_base(l),
-                    config.head_dim,
-                    factors.as_deref(),
-                    scale,
-                )
-            })
-            .collect();
+        let tables = |factors: Option<&[f32]>| -> Vec<RopeTable> {
+            (0..config.n_layers)
+                .map(|l| {
+                    let sliding = config.layer_sliding[l];
+                    // Gemma 3 scales only its global layers.
+                    let scale = if sliding { 1.0 } else { linear };
+                    RopeTable::new(
+                        config.rope_style,
+                        config.layer_rope_base(l),
+                        config.head_dim,
+                        factors,
+                        scale,
+                    )
+                })
+                .collect()
+        };
+        let ropes = tables(factors.as_deref());
+        let long_ropes = long.map(|(original, f)| (original, tables(Some(&f))));
         Model {
             config,
             weights,
             ropes,
+            long_ropes,
             pool: ThreadPool::new(n_threads.max(1)),
             isa: detected_isa(),
             profiling: std::env::var("SPINDLE_PROFILE").is_ok_and(|v| v == "1"),
@@ -370,7 +390,7 @@ impl Model {
             add_bias(q, lw.bq.as_deref());
             add_bias(k, lw.bk.as_deref());
             add_bias(v, lw.bv.as_deref());
-            self.qk_norm_rope(l, batch, q, k);
+            self.qk_norm_rope(l, batch, q, k, kv.max_len());
             let scratch = &mut kv.scratch.layers[l];
             scratch.k.resize(n * kvd);
             scratch.v.resize(n * kvd);

@@ -44,8 +44,20 @@ impl Model {
         });
     }
 
-    /// Per-head q/k norms and rope for every row, rows split over the pool.
-    pub(super) fn qk_norm_rope(&self, layer: usize, batch: &Batch, q: &mut [f32], k: &mut [f32]) {
+    /// Per-head q/k norms and rope for every row, rows split over the pool;
+    /// `cache_len` picks LongRoPE's table, as llama.cpp does by the context.
+    pub(super) fn qk_norm_rope(
+        &self,
+        layer: usize,
+        batch: &Batch,
+        q: &mut [f32],
+        k: &mut [f32],
+        cache_len: usize,
+    ) {
+        let ropes = match &self.long_ropes {
+            Some((original, long)) if cache_len > *original => long,
+            _ => &self.ropes,
+        };
         let cfg = &self.config;
         let (qd, kvd, hd, eps) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.rms_eps);
         let lw = &self.weights.layers[layer];
@@ -67,7 +79,7 @@ impl Model {
                     .chunks_exact_mut(hd)
                     .for_each(|head| rms_norm_inplace(head, w, eps));
             }
-            self.ropes[layer].apply_all(&mut [q_row, k_row], hd, batch.rows[i].pos);
+            ropes[layer].apply_all(&mut [q_row, k_row], hd, batch.rows[i].pos);
         });
     }
 
