@@ -57,6 +57,8 @@ from transformers import (  # noqa: E402
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -306,6 +308,40 @@ ARCHS: dict[str, dict] = {
             ),
         ),
     ),
+    "gpt-oss": dict(
+        emb_std=1.0,
+        out_gain=1.0,
+        config_cls=GptOssConfig,
+        model_cls=GptOssForCausalLM,
+        gguf_arch="gpt-oss",
+        kwargs=dict(
+            hidden_size=64,
+            intermediate_size=32,  # each expert's width
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,  # sliding, full
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=8,
+            max_position_embeddings=64,  # factor x original
+            attention_bias=True,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+            swiglu_limit=7.0,
+            # YaRN as gpt-oss has it (truncate false: a fractional ramp), with
+            # a tiny original context so the fixture's positions see it
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=16,
+            ),
+        ),
+    ),
 }
 
 GEMMA = ("gemma2", "gemma3")
@@ -344,14 +380,19 @@ def build_model(arch: str, emb_std=None, out_gain=None):
                 p.copy_(torch.randn_like(p) * emb_std)
             elif name == "lm_head.weight":
                 p.copy_(torch.randn_like(p) * (2.0 / math.sqrt(hidden)))
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", "_bias")):
                 p.copy_(torch.randn_like(p) * 0.3)
-            elif name.endswith(".weight") and p.dim() == 2 or ".experts." in name:
+            elif name.endswith(".sinks"):
+                p.copy_(torch.randn_like(p))  # logits of the size scores have
+            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                # gpt-oss stores experts input-major: [E, in, out]
+                p.copy_(torch.randn_like(p) * (1.0 / math.sqrt(p.shape[1])))
+            elif name.endswith(".weight") and p.dim() == 2 or ".experts." in name:  # noqa: E501
                 fan_in = p.shape[1]
                 gain = 1.0
                 if "q_proj" in name or "k_proj" in name:
                     gain = 1.6  # sharper attention so rope / windows matter
-                elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")):
                     gain = 2.0  # a router that prefers clearly: distinct choices per token
                 elif "o_proj" in name or "down_proj" in name:
                     gain = out_gain
@@ -480,6 +521,15 @@ def write_gguf(arch: str, cfg, state: dict[str, torch.Tensor], path: Path) -> No
         w.add_rope_scaling_attn_factors(attn_factor)
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    if arch == "gpt-oss":
+        # GptOssModel.set_gguf_parameters (on top of TextModel's)
+        w.add_sliding_window(hp["sliding_window"])
+        w.add_expert_count(hp["num_local_experts"])
+        w.add_expert_used_count(hp["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(hp["intermediate_size"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if arch == "mixtral":
         # TextModel.set_gguf_parameters writes these for any config that has them
         w.add_expert_count(hp["num_local_experts"])
@@ -527,20 +577,44 @@ def write_gguf(arch: str, cfg, state: dict[str, torch.Tensor], path: Path) -> No
                     "w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
     stacks: dict[str, dict[int, np.ndarray]] = {}
     for name in list(state):
-        if ".experts." not in name:
+        if ".experts." not in name or arch == "gpt-oss":
             continue
         parts = name.split(".")
         il, j, kind = int(parts[2]), int(parts[parts.index("experts") + 1]), parts[-2]
         stacks.setdefault(f"blk.{il}.{expert_kinds[kind]}.weight", {})[j] = (
             state[name].detach().to(torch.float32).numpy()
         )
+    if arch == "gpt-oss":
+        # GptOssModel.modify_tensors: transformers keeps each layer's experts
+        # input-major with gate and up interleaved; GGUF gets them split and
+        # output-major, biases split the same way
+        for name in list(state):
+            if not name.endswith(("experts.gate_up_proj", "experts.down_proj",
+                                  "experts.gate_up_proj_bias", "experts.down_proj_bias")):
+                continue
+            il = int(name.split(".")[2])
+            t = state.pop(name).detach().to(torch.float32).numpy()
+            blk = f"blk.{il}."
+            if name.endswith("gate_up_proj"):
+                w.add_tensor(blk + "ffn_gate_exps.weight", np.ascontiguousarray(t[:, :, 0::2].transpose(0, 2, 1)))
+                w.add_tensor(blk + "ffn_up_exps.weight", np.ascontiguousarray(t[:, :, 1::2].transpose(0, 2, 1)))
+            elif name.endswith("gate_up_proj_bias"):
+                w.add_tensor(blk + "ffn_gate_exps.bias", np.ascontiguousarray(t[:, 0::2]))
+                w.add_tensor(blk + "ffn_up_exps.bias", np.ascontiguousarray(t[:, 1::2]))
+            elif name.endswith("down_proj"):
+                w.add_tensor(blk + "ffn_down_exps.weight", np.ascontiguousarray(t.transpose(0, 2, 1)))
+            else:
+                w.add_tensor(blk + "ffn_down_exps.bias", np.ascontiguousarray(t))
     for new, by_j in sorted(stacks.items()):
         w.add_tensor(new, np.ascontiguousarray(np.stack([by_j[j] for j in sorted(by_j)]), dtype=np.float32))
     for name in sorted(state):
         t = state[name].detach().to(torch.float32).numpy().copy()
         if name == "lm_head.weight" and hp["tie_word_embeddings"]:
             continue
-        if ".experts." in name:
+        if ".experts." in name and arch != "gpt-oss":
+            continue
+        if name.endswith(".sinks"):
+            w.add_tensor(f"blk.{name.split('.')[2]}.attn_sinks.weight", np.ascontiguousarray(t, dtype=np.float32))
             continue
         if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
             w.add_tensor(f"blk.{name.split('.')[2]}.ffn_gate_inp.weight", np.ascontiguousarray(t, dtype=np.float32))
@@ -618,6 +692,47 @@ def _moe(h, T, p, k, route_gaps):
     return out
 
 
+def _yarn(g, hd, base, truncate):
+    """YaRN per-pair divisors and attention factor from the GGUF keys."""
+    factor = g("rope.scaling.factor")
+    orig = g("rope.scaling.original_context_length")
+    beta_fast, beta_slow = 32.0, 1.0
+
+    def dim_of(rot):
+        return hd * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, hd - 1)
+    span = (high - low) if high != low else 0.001
+    ramp = np.clip((np.arange(hd // 2) - low) / span, 0, 1)
+    extrapolate = 1 - ramp
+    divisors = 1 / ((1 - extrapolate) / factor + extrapolate)
+    return divisors, 0.1 * math.log(factor) + 1
+
+
+def _moe_gpt_oss(h, T, p, k, route_gaps, alpha=1.702, limit=7.0):
+    """gpt-oss's experts: top-k router logits, softmax over them, biased
+    projections and the clamped SwiGLU."""
+    logits = h @ T[p + "ffn_gate_inp.weight"].T + T[p + "ffn_gate_inp.bias"]
+    gate, up, down = (T[p + f"ffn_{s}_exps.weight"] for s in ("gate", "up", "down"))
+    gb, ub, db = (T[p + f"ffn_{s}_exps.bias"] for s in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for i in range(h.shape[0]):
+        order = np.argsort(-logits[i], kind="stable")
+        top = order[:k]
+        route_gaps.append(float(logits[i, order[k - 1]] - logits[i, order[k]]))
+        wts = np.exp(logits[i, top] - logits[i, top].max())
+        wts /= wts.sum()
+        for j, wt in zip(top, wts):
+            x = np.minimum(gate[j] @ h[i] + gb[j], limit)
+            u = np.clip(up[j] @ h[i] + ub[j], -limit, limit)
+            a = x / (1 + np.exp(-alpha * x)) * (u + 1)
+            out[i] += wt * (down[j] @ a + db[j])
+    return out
+
+
 def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, long_rope=False) -> np.ndarray:
     route_gaps = [] if route_gaps is None else route_gaps
     r = gguf.GGUFReader(str(path))
@@ -641,13 +756,16 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, lon
     is_gemma = arch in ("gemma2", "gemma3")
     # hard-coded in llama.cpp (llama-model.cpp): gemma2 swa pattern 2, gemma3 pattern 6;
     # layer il uses SWA iff il % pattern < pattern - 1
-    pattern = {"gemma2": 2, "gemma3": 6}.get(arch, 0)
+    pattern = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}.get(arch, 0)
+    gpt_oss = arch == "gpt-oss"
     freq_factors = T.get("rope_freqs.weight")
     # phi3 LongRoPE: llama.cpp takes the short factors while the context is
     # within the original one (the fixture's is), and scales q and k
     if "rope_factors_short.weight" in T:
         freq_factors = T["rope_factors_long.weight" if long_rope else "rope_factors_short.weight"]
     attn_factor = g("rope.scaling.attn_factor", 1.0)
+    if g("rope.scaling.type") == "yarn":
+        freq_factors, attn_factor = _yarn(g, hd, base, truncate=not gpt_oss)
 
     n = len(ids)
     pos = np.arange(n)
@@ -687,16 +805,28 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, lon
         if swa:
             allowed &= (i_ - j_) < n_swa
         s = np.where(allowed[None], s, -np.inf)
-        s = s - s.max(-1, keepdims=True)
-        a = np.exp(s)
-        a /= a.sum(-1, keepdims=True)
+        if p + "attn_sinks.weight" in T:
+            # a logit per head that joins the softmax without a value
+            sink = np.broadcast_to(T[p + "attn_sinks.weight"][:, None, None], (n_head, n, 1))
+            both = np.concatenate([s, sink], axis=-1)
+            both = np.exp(both - both.max(-1, keepdims=True))
+            a = both[..., :-1] / both.sum(-1, keepdims=True)
+        else:
+            s = s - s.max(-1, keepdims=True)
+            a = np.exp(s)
+            a /= a.sum(-1, keepdims=True)
         o = np.einsum("hij,jhd->ihd", a, v).reshape(n, n_head * hd)
         o = o @ T[p + "attn_output.weight"].T
-        if p + "post_attention_norm.weight" in T:
+        if p + "attn_output.bias" in T:
+            o = o + T[p + "attn_output.bias"]
+        if p + "post_attention_norm.weight" in T and not gpt_oss:
             o = _rms(o, T[p + "post_attention_norm.weight"], eps)
         x = x + o
-        h = _rms(x, T[p + "ffn_norm.weight"], eps)
-        if p + "ffn_gate_inp.weight" in T:
+        # llama.cpp names gpt-oss's pre-FFN norm post_attention_norm
+        h = _rms(x, T[p + ("post_attention_norm.weight" if gpt_oss else "ffn_norm.weight")], eps)
+        if gpt_oss:
+            f = _moe_gpt_oss(h, T, p, g("expert_used_count"), route_gaps)
+        elif p + "ffn_gate_inp.weight" in T:
             f = _moe(h, T, p, g("expert_used_count"), route_gaps)
         elif p + "ffn_gate.weight" not in T:  # phi3: gate and up fused in ffn_up
             gate, up = np.split(h @ T[p + "ffn_up.weight"].T, 2, axis=-1)

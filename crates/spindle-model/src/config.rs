@@ -35,6 +35,18 @@ pub enum RopeScaling {
         original_context: usize,
         attn_factor: f32,
     },
+    /// YaRN: frequencies below the `beta_slow` band are interpolated by
+    /// `factor`, those above `beta_fast` kept, a linear ramp between (whose
+    /// ends are whole dimensions when `truncate`), and q and k scaled by
+    /// `attn_factor` (`0.1 ln(factor) + 1` by default).
+    Yarn {
+        factor: f32,
+        original_context: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        truncate: bool,
+        attn_factor: f32,
+    },
 }
 
 /// A layer's mixture of experts: how a token picks its experts and weighs
@@ -47,6 +59,17 @@ pub struct MoeConfig {
     /// Hidden width of one expert.
     pub n_ff: usize,
     pub routing: Routing,
+    pub activation: ExpertActivation,
+}
+
+/// The gated activation inside each expert.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`, as the dense blocks.
+    Silu,
+    /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
+    /// `g * sigmoid(alpha * g) * (u + 1)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 /// How router logits become the weights of the chosen experts.
@@ -56,6 +79,8 @@ pub enum Routing {
     /// kept weights are divided by their sum (Mixtral, Qwen3-MoE with
     /// `norm_topk_prob`).
     SoftmaxTopK { renormalize: bool },
+    /// The top k router logits, then a softmax over those k (gpt-oss).
+    TopKSoftmax,
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -134,6 +159,20 @@ impl ModelConfig {
             Some("linear") => RopeScaling::Linear {
                 factor: f("rope.scaling.factor").unwrap_or(1.0),
             },
+            Some("yarn") => {
+                let factor = f("rope.scaling.factor").unwrap_or(1.0);
+                RopeScaling::Yarn {
+                    factor,
+                    original_context: f("rope.scaling.original_context_length")
+                        .unwrap_or(h.context_length as f32),
+                    beta_fast: f("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+                    beta_slow: f("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                    // gpt-oss's own config (and OpenAI's reference) ramps
+                    // between fractional dimensions; GGUF has no key for it.
+                    truncate: family != Family::GptOss,
+                    attn_factor: yarn_default_attn_factor(factor),
+                }
+            }
             // Llama 3 scaling is baked into the `rope_freqs.weight` tensor by the converter.
             _ => RopeScaling::None,
         };
@@ -188,6 +227,10 @@ impl ModelConfig {
                 .get(&key("expert_weights_norm"))
                 .and_then(|v| v.as_bool())
                 .unwrap_or(true),
+            gpt_oss: (family == Family::GptOss).then_some(ExpertActivation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: f("swiglu_clamp").unwrap_or(7.0),
+            }),
         };
         Ok(ModelConfig::shaped(h, traits, vocab_size, reads))
     }
@@ -249,6 +292,23 @@ impl ModelConfig {
                         original_context: g("original_max_position_embeddings", 8192.0),
                     },
                     "longrope" | "su" => long_rope_from_hf(&s, &cfg, h.head_dim, h.context_length)?,
+                    "yarn" => {
+                        let factor = g("factor", 1.0);
+                        RopeScaling::Yarn {
+                            factor,
+                            original_context: s
+                                .get("original_max_position_embeddings")
+                                .and_then(|v| v.as_f64())
+                                .map_or(h.context_length as f32, |v| v as f32),
+                            beta_fast: g("beta_fast", 32.0),
+                            beta_slow: g("beta_slow", 1.0),
+                            truncate: s.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true),
+                            attn_factor: s
+                                .get("attention_factor")
+                                .and_then(|v| v.as_f64())
+                                .map_or(yarn_default_attn_factor(factor), |v| v as f32),
+                        }
+                    }
                     _ => RopeScaling::None,
                 }
             }
@@ -285,6 +345,10 @@ impl ModelConfig {
             // says so (transformers' default: no).
             renormalize: family == Family::Mixtral
                 || cfg.get_bool("norm_topk_prob").unwrap_or(false),
+            gpt_oss: (family == Family::GptOss).then(|| ExpertActivation::ClampedSwiglu {
+                alpha: f("swiglu_alpha").unwrap_or(1.702),
+                limit: f("swiglu_limit").unwrap_or(7.0),
+            }),
         };
         Ok(ModelConfig::shaped(h, traits, vocab_size, reads))
     }
@@ -316,11 +380,55 @@ impl ModelConfig {
                 n_experts: x.n_experts,
                 n_used: x.n_used,
                 n_ff: x.n_ff,
-                routing: Routing::SoftmaxTopK {
-                    renormalize: r.renormalize,
+                routing: match r.gpt_oss {
+                    Some(_) => Routing::TopKSoftmax,
+                    None => Routing::SoftmaxTopK {
+                        renormalize: r.renormalize,
+                    },
                 },
+                activation: r.gpt_oss.unwrap_or(ExpertActivation::Silu),
             }),
         }
+    }
+
+    /// Per-pair frequency divisors for YaRN: pair `i` runs at
+    /// `inv_i x ((1 - e_i) / factor + e_i)`, `e_i` one above the fast band
+    /// and zero below the slow one, a linear ramp between.
+    pub fn yarn_freq_factors(&self) -> Option<Vec<f32>> {
+        let RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } = self.rope_scaling
+        else {
+            return None;
+        };
+        let d = self.head_dim as f32;
+        let base = self.rope_base;
+        // The dimension whose wavelength turns `rotations` times over the
+        // original context.
+        let dim_of = |rotations: f32| {
+            d * (original_context / (rotations * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let (mut low, mut high) = (dim_of(beta_fast), dim_of(beta_slow));
+        if truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, high) = (low.max(0.0), high.min(d - 1.0));
+        let span = if high == low { 0.001 } else { high - low };
+        Some(
+            (0..self.head_dim / 2)
+                .map(|i| {
+                    let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
+                    let extrapolate = 1.0 - ramp;
+                    1.0 / ((1.0 - extrapolate) / factor + extrapolate)
+                })
+                .collect(),
+        )
     }
 
     /// Per-pair frequency divisors for Llama 3 scaling (the reference's formula).
@@ -358,11 +466,24 @@ impl ModelConfig {
     }
 }
 
-/// The attention factor of LongRoPE, squared: it scales both q and k.
+/// The attention factor of LongRoPE or YaRN, squared: it scales both q
+/// and k.
 fn long_rope_score_scale(scaling: &RopeScaling) -> f32 {
     match scaling {
-        RopeScaling::LongRope { attn_factor, .. } => attn_factor * attn_factor,
+        RopeScaling::LongRope { attn_factor, .. } | RopeScaling::Yarn { attn_factor, .. } => {
+            attn_factor * attn_factor
+        }
         _ => 1.0,
+    }
+}
+
+/// YaRN's default attention factor, `0.1 ln(factor) + 1` (1 when not
+/// stretched).
+fn yarn_default_attn_factor(factor: f32) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
     }
 }
 
@@ -446,6 +567,9 @@ struct Reads {
     attn_softcap: Option<f32>,
     final_softcap: Option<f32>,
     renormalize: bool,
+    /// gpt-oss's expert activation, which also means top-k-then-softmax
+    /// routing.
+    gpt_oss: Option<ExpertActivation>,
 }
 
 /// The family of a header's architecture, or the typed refusal of one
@@ -453,8 +577,7 @@ struct Reads {
 fn known_family(arch: Result<HeaderArch, FormatError>) -> Result<Family, ModelError> {
     let arch = arch.map_err(header_error)?;
     match arch.family {
-        // The planner knows its shape; the decoder does not run it yet.
-        None | Some(Family::GptOss) => Err(ModelError::UnsupportedArchitecture(arch.name)),
+        None => Err(ModelError::UnsupportedArchitecture(arch.name)),
         Some(f) => Ok(f),
     }
 }

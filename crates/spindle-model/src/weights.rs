@@ -47,6 +47,11 @@ pub struct LayerWeights {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// Bias of the output projection (gpt-oss).
+    pub bo: Option<Vec<f32>>,
+    /// Per query head, a logit that joins every softmax of the layer's
+    /// attention without a value (gpt-oss's attention sinks).
+    pub attn_sinks: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
@@ -73,9 +78,14 @@ pub enum FeedForward {
 pub struct ExpertWeights {
     /// `n_experts` rows: one router logit per expert.
     pub router: Matrix,
+    pub router_bias: Option<Vec<f32>>,
     pub gate: Vec<Matrix>,
     pub up: Vec<Matrix>,
     pub down: Vec<Matrix>,
+    /// Per expert, the biases of its projections (gpt-oss).
+    pub gate_bias: Option<Vec<Vec<f32>>>,
+    pub up_bias: Option<Vec<Vec<f32>>>,
+    pub down_bias: Option<Vec<Vec<f32>>>,
 }
 
 impl FeedForward {
@@ -261,6 +271,133 @@ impl TensorSource<'_> {
         }
     }
 
+    /// Per expert, `len` bias values from a stacked `[n, len]` tensor.
+    fn expert_biases(
+        &self,
+        name: &str,
+        n: usize,
+        len: usize,
+    ) -> Result<Option<Vec<Vec<f32>>>, ModelError> {
+        Ok(self
+            .vector_opt(name, n * len, 0.0)?
+            .map(|all| all.chunks_exact(len).map(<[f32]>::to_vec).collect()))
+    }
+
+    /// gpt-oss's experts as transformers stores them: `gate_up_proj`
+    /// `[n, cols, 2 x rows]` with gate and up interleaved (even and odd
+    /// outputs) and `down_proj` `[n, rows, cols]`, both input-major, so
+    /// they are transposed into f32 matrices of their own here. `None` for
+    /// a GGUF file or a checkpoint without them.
+    fn fused_hf_experts(
+        &self,
+        layer: usize,
+        n: usize,
+        ff: usize,
+        cols: usize,
+    ) -> Result<Option<ExpertWeights>, ModelError> {
+        let TensorSource::Safetensors(st) = self else {
+            return Ok(None);
+        };
+        let find = |stem: &str| {
+            ["model.", "model.language_model."]
+                .iter()
+                .map(|p| format!("{p}layers.{layer}.mlp.experts.{stem}"))
+                .find_map(|name| st.tensor(&name).map(|t| (name, t)))
+        };
+        let Some((gu_name, gate_up)) = find("gate_up_proj") else {
+            return Ok(None);
+        };
+        if find("gate_up_proj_blocks").is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "{gu_name} is stored as MXFP4 blocks in safetensors; convert the model \
+                 to GGUF (llama.cpp's convert_hf_to_gguf.py keeps MXFP4) and load that"
+            )));
+        }
+        let (dn_name, down) = find("down_proj").ok_or_else(|| self.missing("down_proj"))?;
+        let values = |name: &str, t: &spindle_formats::SafetensorsTensor, want: [usize; 3]| {
+            if t.shape != want {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    got: t.shape.clone(),
+                    want: want.to_vec(),
+                });
+            }
+            let mut out = vec![0.0f32; want.iter().product()];
+            spindle_kernels::dequantize(t.ty, &t.bytes, &mut out)?;
+            Ok(out)
+        };
+        let gu = values(&gu_name, gate_up, [n, cols, 2 * ff])?;
+        let dn = values(&dn_name, down, [n, ff, cols])?;
+        let f32_matrix = |name: String, rows: usize, cols: usize, v: Vec<f32>| Matrix {
+            name,
+            ty: GgmlType::F32,
+            rows,
+            cols,
+            data: TensorBytes::from_vec(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        };
+        let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        for j in 0..n {
+            let gu = &gu[j * cols * 2 * ff..(j + 1) * cols * 2 * ff];
+            let pick = |odd: usize| -> Vec<f32> {
+                (0..ff)
+                    .flat_map(|r| (0..cols).map(move |c| gu[c * 2 * ff + 2 * r + odd]))
+                    .collect()
+            };
+            gate.push(f32_matrix(
+                format!("{gu_name}[{j}].gate"),
+                ff,
+                cols,
+                pick(0),
+            ));
+            up.push(f32_matrix(format!("{gu_name}[{j}].up"), ff, cols, pick(1)));
+            let dn = &dn[j * ff * cols..(j + 1) * ff * cols];
+            let t: Vec<f32> = (0..cols)
+                .flat_map(|r| (0..ff).map(move |c| dn[c * cols + r]))
+                .collect();
+            down.push(f32_matrix(format!("{dn_name}[{j}]"), cols, ff, t));
+        }
+        let bias = |stem: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            let Some((name, t)) = find(stem) else {
+                return Ok(None);
+            };
+            if t.shape != [n, len] {
+                return Err(ModelError::BadShape {
+                    name,
+                    got: t.shape.clone(),
+                    want: vec![n, len],
+                });
+            }
+            let mut out = vec![0.0f32; n * len];
+            spindle_kernels::dequantize(t.ty, &t.bytes, &mut out)?;
+            Ok(Some(out))
+        };
+        let gu_bias = bias("gate_up_proj_bias", 2 * ff)?;
+        let split = |odd: usize| {
+            gu_bias.as_ref().map(|b| {
+                b.chunks_exact(2 * ff)
+                    .map(|e| e.iter().skip(odd).step_by(2).copied().collect())
+                    .collect()
+            })
+        };
+        Ok(Some(ExpertWeights {
+            router: Matrix {
+                name: String::new(),
+                ty: GgmlType::F32,
+                rows: 0,
+                cols: 0,
+                data: TensorBytes::empty(),
+            },
+            router_bias: None,
+            gate,
+            up,
+            down,
+            gate_bias: split(0),
+            up_bias: split(1),
+            down_bias: bias("down_proj_bias", cols)?
+                .map(|b| b.chunks_exact(cols).map(<[f32]>::to_vec).collect()),
+        }))
+    }
+
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
         self.matrix_opt(name, rows, cols)?
             .ok_or_else(|| self.missing(name))
@@ -368,12 +505,19 @@ impl Weights {
                 bq: bias("attn_q.bias", q)?,
                 bk: bias("attn_k.bias", kv)?,
                 bv: bias("attn_v.bias", kv)?,
+                bo: bias("attn_output.bias", e)?,
+                attn_sinks: bias("attn_sinks.weight", cfg.n_head)?,
                 q_norm: head_norm("attn_q_norm.weight")?,
                 k_norm: head_norm("attn_k_norm.weight")?,
                 // Only sandwich-norm families have these; for Llama the Hugging Face
                 // name `post_attention_layernorm` means the pre-FFN norm.
                 post_attn_norm: sandwich("post_attention_norm.weight")?,
-                ffn_norm: norm("ffn_norm.weight")?,
+                // llama.cpp names gpt-oss's pre-FFN norm after its place.
+                ffn_norm: norm(if arch.family == Family::GptOss && !src.is_safetensors() {
+                    "post_attention_norm.weight"
+                } else {
+                    "ffn_norm.weight"
+                })?,
                 ffn: match &cfg.moe {
                     None if fused => {
                         let [gate, up] =
@@ -391,11 +535,24 @@ impl Weights {
                     },
                     Some(moe) => {
                         let (x, xff) = (moe.n_experts, moe.n_ff);
-                        FeedForward::Experts(ExpertWeights {
-                            router: src.matrix(&n("ffn_gate_inp.weight"), x, e)?,
-                            gate: src.expert_matrices(l, "ffn_gate_exps", x, xff, e)?,
-                            up: src.expert_matrices(l, "ffn_up_exps", x, xff, e)?,
-                            down: src.expert_matrices(l, "ffn_down_exps", x, e, xff)?,
+                        let router = src.matrix(&n("ffn_gate_inp.weight"), x, e)?;
+                        let router_bias = bias("ffn_gate_inp.bias", x)?;
+                        FeedForward::Experts(match src.fused_hf_experts(l, x, xff, e)? {
+                            Some(fused) => ExpertWeights {
+                                router,
+                                router_bias,
+                                ..fused
+                            },
+                            None => ExpertWeights {
+                                router,
+                                router_bias,
+                                gate: src.expert_matrices(l, "ffn_gate_exps", x, xff, e)?,
+                                up: src.expert_matrices(l, "ffn_up_exps", x, xff, e)?,
+                                down: src.expert_matrices(l, "ffn_down_exps", x, e, xff)?,
+                                gate_bias: src.expert_biases(&n("ffn_gate_exps.bias"), x, xff)?,
+                                up_bias: src.expert_biases(&n("ffn_up_exps.bias"), x, xff)?,
+                                down_bias: src.expert_biases(&n("ffn_down_exps.bias"), x, e)?,
+                            },
                         })
                     }
                 },
@@ -516,7 +673,11 @@ fn hf_names(gguf_name: &str) -> Vec<String> {
                 "ffn_up" => &["mlp.up_proj", "mlp.gate_up_proj"],
                 "attn_qkv" => &["self_attn.qkv_proj"],
                 "ffn_down" => &["mlp.down_proj"],
-                "ffn_gate_inp" => &["mlp.gate", "block_sparse_moe.gate"],
+                "ffn_gate_inp" => &["mlp.gate", "block_sparse_moe.gate", "mlp.router"],
+                // gpt-oss: the sinks have no `.weight` suffix.
+                "attn_sinks" => {
+                    return with_prefixes(&format!("layers.{layer}.self_attn.sinks"));
+                }
                 _ => return hf_expert_names(layer, stem, suffix, &with_prefixes),
             };
             hf.iter()

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use spindle_model::{Batch, KvCache, LoadedModel};
 
-pub const ARCHS: [&str; 9] = [
+pub const ARCHS: [&str; 10] = [
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "mixtral", "phi3",
+    "gpt-oss",
 ];
 
 #[derive(Deserialize)]

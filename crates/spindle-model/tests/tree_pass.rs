@@ -36,7 +36,9 @@ fn tree_rows_equal_their_paths_alone_bit_for_bit() {
     // gemma3 has sliding layers (window 8 in the fixture) and a global one;
     // qwen2 has biases; llama uses interleaved rope in its GGUF; qwen3moe
     // and mixtral route each row to its own experts.
-    for arch in ["gemma3", "qwen2", "llama", "qwen3moe", "mixtral", "phi3"] {
+    for arch in [
+        "gemma3", "qwen2", "llama", "qwen3moe", "mixtral", "phi3", "gpt-oss",
+    ] {
         for (kind, path) in sources(arch) {
             let m = load(&path, 2);
             let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 200).collect();
@@ -225,7 +227,7 @@ fn every_isa_gives_the_same_logits_bit_for_bit() {
     if let Some(note) = spindle_kernels::simd::untested_isas_note() {
         eprintln!("{note}");
     }
-    for arch in ["gemma3", "qwen3", "qwen3moe"] {
+    for arch in ["gemma3", "qwen3", "qwen3moe", "gpt-oss"] {
         let (_, path) = sources(arch)[1].clone();
         let mut m = load(&path, 2);
         let ids: Vec<u32> = (0..23).map(|i| (i * 13 + 1) % 250).collect();

@@ -209,6 +209,25 @@ pub fn fold_partial(isa: Isa, group: &HeadGroup, state: &mut [f32], part: &[f32]
     }
 }
 
+/// Adds attention sinks to a finished fold state: per head, a logit
+/// `sinks[h]` that joins the softmax without a value (gpt-oss), so the
+/// head's weights sum to less than one. Fixed scalar operations: the same
+/// bits on every path.
+pub fn fold_sinks(group: &HeadGroup, state: &mut [f32], sinks: &[f32]) {
+    let d = group.head_dim;
+    for (st, &sink) in state.chunks_exact_mut(d + 2).zip(sinks).take(group.heads) {
+        let m = st[d].max(sink);
+        let alpha = if st[d] == f32::NEG_INFINITY {
+            0.0
+        } else {
+            (st[d] - m).exp()
+        };
+        st[d + 1] = st[d + 1] * alpha + (sink - m).exp();
+        st[d] = m;
+        st[..d].iter_mut().for_each(|x| *x *= alpha);
+    }
+}
+
 /// A row's attention output (`heads * head_dim`) from its fold state.
 pub fn finish(group: &HeadGroup, state: &[f32], out: &mut [f32]) {
     let d = group.head_dim;

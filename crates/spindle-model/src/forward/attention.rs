@@ -10,8 +10,8 @@
 //! way wherever it runs, and partials are folded in position order.
 
 use spindle_kernels::attention::{
-    chunk_partials, empty_partial, finish, fold_partial, BlockQ8, ChunkScratch, HeadGroup, KvElem,
-    TileRow, CHUNK,
+    chunk_partials, empty_partial, finish, fold_partial, fold_sinks, BlockQ8, ChunkScratch,
+    HeadGroup, KvElem, TileRow, CHUNK,
 };
 
 use super::*;
@@ -216,13 +216,17 @@ impl Model {
             chunk_partials(self.isa, group, &rows, &ks, &vs, scratch, dst);
         };
         let out_heads = DisjointChunks::new(out, hd);
-        let write_out = |tile: &Tile, (head0, group): &(usize, HeadGroup), states: &[f32]| {
+        let sinks = self.weights.layers[layer].attn_sinks.as_deref();
+        let write_out = |tile: &Tile, (head0, group): &(usize, HeadGroup), states: &mut [f32]| {
             let mut dst = vec![0.0f32; group.heads * hd];
             for (i, state) in tile
                 .rows
                 .clone()
-                .zip(states.chunks_exact(group.partial_len()))
+                .zip(states.chunks_exact_mut(group.partial_len()))
             {
+                if let Some(sinks) = sinks {
+                    fold_sinks(group, state, &sinks[*head0..*head0 + group.heads]);
+                }
                 finish(group, state, &mut dst);
                 for (h, src) in (*head0..head0 + group.heads).zip(dst.chunks_exact(hd)) {
                     // SAFETY: head h of row i belongs to this tile and slice alone.
@@ -255,7 +259,7 @@ impl Model {
                     partials(tile, slice, c, &mut scratch, &mut part);
                     fold_all(&slice.1, &mut states, &part);
                 }
-                write_out(tile, slice, &states);
+                write_out(tile, slice, &mut states);
             });
             return;
         }
@@ -301,7 +305,7 @@ impl Model {
                 let part = place.lock().unwrap_or_else(|p| p.into_inner());
                 fold_all(&slice.1, &mut states, &part);
             }
-            write_out(tile, slice, &states);
+            write_out(tile, slice, &mut states);
         });
     }
 }

@@ -9,7 +9,7 @@
 use spindle_kernels::activation::gated;
 
 use super::*;
-use crate::config::{MoeConfig, Routing};
+use crate::config::{ExpertActivation, MoeConfig, Routing};
 use crate::weights::ExpertWeights;
 
 /// Buffers of the expert block, reused from pass to pass.
@@ -45,6 +45,11 @@ impl Model {
         let (ne, k, ff) = (moe.n_experts, moe.n_used, moe.n_ff);
         b.logits.resize(n * ne, 0.0);
         self.matmul(&w.router, xn, n, &mut b.logits)?;
+        if let Some(bias) = &w.router_bias {
+            for row in b.logits.chunks_exact_mut(ne) {
+                row.iter_mut().zip(bias).for_each(|(l, b)| *l += b);
+            }
+        }
 
         b.choices.clear();
         for row in b.logits.chunks_exact(ne) {
@@ -73,10 +78,25 @@ impl Model {
             b.y.resize(m * e, 0.0);
             self.matmul(&w.gate[j], &b.x, m, &mut b.gate)?;
             self.matmul(&w.up[j], &b.x, m, &mut b.up)?;
+            let bias = |biases: &Option<Vec<Vec<f32>>>, rows: &mut [f32], width: usize| {
+                if let Some(bias) = biases {
+                    for row in rows.chunks_exact_mut(width) {
+                        row.iter_mut().zip(&bias[j]).for_each(|(v, b)| *v += b);
+                    }
+                }
+            };
+            bias(&w.gate_bias, &mut b.gate, ff);
+            bias(&w.up_bias, &mut b.up, ff);
             for (g, u) in b.gate.chunks_exact_mut(ff).zip(b.up.chunks_exact(ff)) {
-                gated(self.isa, act, g, u);
+                match moe.activation {
+                    ExpertActivation::Silu => gated(self.isa, act, g, u),
+                    ExpertActivation::ClampedSwiglu { alpha, limit } => {
+                        clamped_swiglu(g, u, alpha, limit)
+                    }
+                }
             }
             self.matmul(&w.down[j], &b.gate, m, &mut b.y)?;
+            bias(&w.down_bias, &mut b.y, e);
             for (r, &slot) in slots.iter().enumerate() {
                 b.slots[slot * e..(slot + 1) * e].copy_from_slice(&b.y[r * e..(r + 1) * e]);
             }
@@ -99,7 +119,20 @@ impl Model {
 /// Appends a row's `k` choices (expert, weight), best first; ties go to
 /// the lower expert index, so the choice is a function of the logits alone.
 fn route(logits: &[f32], routing: Routing, k: usize, choices: &mut Vec<(usize, f32)>) {
-    let Routing::SoftmaxTopK { renormalize } = routing;
+    let renormalize = match routing {
+        Routing::SoftmaxTopK { renormalize } => renormalize,
+        Routing::TopKSoftmax => {
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            let top = &order[..k];
+            let max = logits[top[0]];
+            let total: f32 = top.iter().map(|&j| (logits[j] - max).exp()).sum();
+            for &j in top {
+                choices.push((j, (logits[j] - max).exp() / total));
+            }
+            return;
+        }
+    };
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let probs: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
     let total: f32 = probs.iter().sum();
@@ -110,6 +143,16 @@ fn route(logits: &[f32], routing: Routing, k: usize, choices: &mut Vec<(usize, f
     for &j in top {
         let p = probs[j] / total;
         choices.push((j, if renormalize { p / kept } else { p }));
+    }
+}
+
+/// gpt-oss's expert activation, in place in `gate`: the same scalar
+/// operations on every path, so every ISA gives the same bits.
+fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let u = u.clamp(-limit, limit);
+        *g = x / (1.0 + (-alpha * x).exp()) * (u + 1.0);
     }
 }
 

@@ -131,7 +131,8 @@ impl Model {
                 weights
                     .rope_freqs
                     .clone()
-                    .or_else(|| config.llama3_freq_factors()),
+                    .or_else(|| config.llama3_freq_factors())
+                    .or_else(|| config.yarn_freq_factors()),
                 None,
             ),
         };
@@ -400,6 +401,7 @@ impl Model {
             self.attention(l, batch, &plans, kv, q, attn);
             clock.mark("attention");
             self.matmul(&lw.wo, attn, n, o)?;
+            add_bias(o, lw.bo.as_deref());
             clock.mark("matmul o");
             self.add_residual(h, o, lw.post_attn_norm.as_deref(), n);
 
