@@ -384,7 +384,7 @@ def build_model(arch: str, emb_std=None, out_gain=None):
                 p.copy_(torch.randn_like(p) * 0.3)
             elif name.endswith(".sinks"):
                 p.copy_(torch.randn_like(p))  # logits of the size scores have
-            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            elif arch == "gpt-oss" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 # gpt-oss stores experts input-major: [E, in, out]
                 p.copy_(torch.randn_like(p) * (1.0 / math.sqrt(p.shape[1])))
             elif name.endswith(".weight") and p.dim() == 2 or ".experts." in name:  # noqa: E501
@@ -674,7 +674,29 @@ def _rope(x, pos, base, neox, freq_factors=None):
     return out
 
 
-def _moe(h, T, p, k, route_gaps):
+def _q8(x):
+    """Int8 activations as the engines quantize them for a quantized matrix:
+    per 32 values, scale amax / 127, values rounded half to even (float32)."""
+    x32 = np.asarray(x, dtype=np.float32)
+    blocks = x32.reshape(*x32.shape[:-1], -1, 32)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.clip(np.round(blocks * inv), -127, 127)
+    return (q * (amax / np.float32(127.0))).reshape(x32.shape).astype(np.float64)
+
+
+class _Acts:
+    """What a matmul input becomes: itself, or with `emulate` its int8
+    quantization when the matrix is quantized."""
+
+    def __init__(self, quantized: set, emulate: bool):
+        self.quantized, self.emulate = quantized, emulate
+
+    def __call__(self, x, name):
+        return _q8(x) if self.emulate and name in self.quantized else x
+
+
+def _moe(h, T, p, k, route_gaps, acts=None):
     """llama.cpp's build_moe_ffn with softmax gating and normalized weights."""
     logits = h @ T[p + "ffn_gate_inp.weight"].T  # [n, E]
     probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -687,8 +709,9 @@ def _moe(h, T, p, k, route_gaps):
         route_gaps.append(float(probs[i, order[k - 1]] - probs[i, order[k]]))
         wts = probs[i, top] / probs[i, top].sum()
         for j, wt in zip(top, wts):
-            a = _silu(gate[j] @ h[i]) * (up[j] @ h[i])
-            out[i] += wt * (down[j] @ a)
+            x = acts(h[i], p + "ffn_gate_exps.weight") if acts else h[i]
+            a = _silu(gate[j] @ x) * (up[j] @ x)
+            out[i] += wt * (down[j] @ (acts(a, p + "ffn_down_exps.weight") if acts else a))
     return out
 
 
@@ -712,7 +735,7 @@ def _yarn(g, hd, base, truncate):
     return divisors, 0.1 * math.log(factor) + 1
 
 
-def _moe_gpt_oss(h, T, p, k, route_gaps, alpha=1.702, limit=7.0):
+def _moe_gpt_oss(h, T, p, k, route_gaps, acts=None, alpha=1.702, limit=7.0):
     """gpt-oss's experts: top-k router logits, softmax over them, biased
     projections and the clamped SwiGLU."""
     logits = h @ T[p + "ffn_gate_inp.weight"].T + T[p + "ffn_gate_inp.bias"]
@@ -726,20 +749,29 @@ def _moe_gpt_oss(h, T, p, k, route_gaps, alpha=1.702, limit=7.0):
         wts = np.exp(logits[i, top] - logits[i, top].max())
         wts /= wts.sum()
         for j, wt in zip(top, wts):
-            x = np.minimum(gate[j] @ h[i] + gb[j], limit)
-            u = np.clip(up[j] @ h[i] + ub[j], -limit, limit)
+            hq = acts(h[i], p + "ffn_gate_exps.weight") if acts else h[i]
+            x = np.minimum(gate[j] @ hq + gb[j], limit)
+            u = np.clip(up[j] @ hq + ub[j], -limit, limit)
             a = x / (1 + np.exp(-alpha * x)) * (u + 1)
+            a = acts(a, p + "ffn_down_exps.weight") if acts else a
             out[i] += wt * (down[j] @ a + db[j])
     return out
 
 
-def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, long_rope=False) -> np.ndarray:
+def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, long_rope=False,
+                 int8_acts=False) -> np.ndarray:
     route_gaps = [] if route_gaps is None else route_gaps
     r = gguf.GGUFReader(str(path))
+    acts = _Acts({t.name for t in r.tensors if t.tensor_type != gguf.GGMLQuantizationType.F32}, int8_acts)
     arch = _field(r, "general.architecture")
-    T = {t.name: np.array(t.data, dtype=np.float64) for t in r.tensors}
-    for t in r.tensors:
-        assert t.tensor_type == gguf.GGMLQuantizationType.F32, t.name
+    T = {
+        t.name: np.array(
+            t.data if t.tensor_type == gguf.GGMLQuantizationType.F32
+            else gguf.quants.dequantize(t.data, t.tensor_type),
+            dtype=np.float64,
+        )
+        for t in r.tensors
+    }
     g = lambda k, d=None: _field(r, f"{arch}.{k}", d)  # noqa: E731
     n_layer = g("block_count")
     n_embd = g("embedding_length")
@@ -777,12 +809,12 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, lon
         swa = pattern and n_swa and (il % pattern < pattern - 1)
         h = _rms(x, T[p + "attn_norm.weight"], eps)
         if p + "attn_qkv.weight" in T:  # phi3: fused q, k, v
-            qkv = h @ T[p + "attn_qkv.weight"].T
+            qkv = acts(h, p + "attn_qkv.weight") @ T[p + "attn_qkv.weight"].T
             q, k, v = np.split(qkv, [n_head * hd, n_head * hd + n_kv * hd], axis=-1)
         else:
-            q = h @ T[p + "attn_q.weight"].T
-            k = h @ T[p + "attn_k.weight"].T
-            v = h @ T[p + "attn_v.weight"].T
+            q = acts(h, p + "attn_q.weight") @ T[p + "attn_q.weight"].T
+            k = acts(h, p + "attn_k.weight") @ T[p + "attn_k.weight"].T
+            v = acts(h, p + "attn_v.weight") @ T[p + "attn_v.weight"].T
         if p + "attn_q.bias" in T:
             q, k, v = q + T[p + "attn_q.bias"], k + T[p + "attn_k.bias"], v + T[p + "attn_v.bias"]
         q = q.reshape(n, n_head, hd)
@@ -816,7 +848,7 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, lon
             a = np.exp(s)
             a /= a.sum(-1, keepdims=True)
         o = np.einsum("hij,jhd->ihd", a, v).reshape(n, n_head * hd)
-        o = o @ T[p + "attn_output.weight"].T
+        o = acts(o, p + "attn_output.weight") @ T[p + "attn_output.weight"].T
         if p + "attn_output.bias" in T:
             o = o + T[p + "attn_output.bias"]
         if p + "post_attention_norm.weight" in T and not gpt_oss:
@@ -825,23 +857,23 @@ def gguf_forward(path: Path, ids: list[int], route_gaps: list | None = None, lon
         # llama.cpp names gpt-oss's pre-FFN norm post_attention_norm
         h = _rms(x, T[p + ("post_attention_norm.weight" if gpt_oss else "ffn_norm.weight")], eps)
         if gpt_oss:
-            f = _moe_gpt_oss(h, T, p, g("expert_used_count"), route_gaps)
+            f = _moe_gpt_oss(h, T, p, g("expert_used_count"), route_gaps, acts)
         elif p + "ffn_gate_inp.weight" in T:
-            f = _moe(h, T, p, g("expert_used_count"), route_gaps)
+            f = _moe(h, T, p, g("expert_used_count"), route_gaps, acts)
         elif p + "ffn_gate.weight" not in T:  # phi3: gate and up fused in ffn_up
-            gate, up = np.split(h @ T[p + "ffn_up.weight"].T, 2, axis=-1)
-            f = (_silu(gate) * up) @ T[p + "ffn_down.weight"].T
+            gate, up = np.split(acts(h, p + "ffn_up.weight") @ T[p + "ffn_up.weight"].T, 2, axis=-1)
+            f = acts(_silu(gate) * up, p + "ffn_down.weight") @ T[p + "ffn_down.weight"].T
         else:
-            gate = h @ T[p + "ffn_gate.weight"].T
-            up = h @ T[p + "ffn_up.weight"].T
+            gate = acts(h, p + "ffn_gate.weight") @ T[p + "ffn_gate.weight"].T
+            up = acts(h, p + "ffn_up.weight") @ T[p + "ffn_up.weight"].T
             act = _gelu_tanh(gate) if is_gemma else _silu(gate)
-            f = (act * up) @ T[p + "ffn_down.weight"].T
+            f = acts(act * up, p + "ffn_down.weight") @ T[p + "ffn_down.weight"].T
         if p + "post_ffw_norm.weight" in T:
             f = _rms(f, T[p + "post_ffw_norm.weight"], eps)
         x = x + f
     x = _rms(x, T["output_norm.weight"], eps)
-    out_w = T.get("output.weight", T["token_embd.weight"])
-    logits = x @ out_w.T
+    head = "output.weight" if "output.weight" in T else "token_embd.weight"
+    logits = acts(x, head) @ T[head].T
     if final_cap:
         logits = np.tanh(logits / final_cap) * final_cap
     return logits
@@ -924,6 +956,8 @@ def make(arch: str, rng: np.random.Generator) -> dict:
     )
     with open(d / "reference.json", "w") as f:
         json.dump(ref, f, separators=(",", ":"))
+    if arch in QUANTIZED:
+        write_quantized(arch, d, prompts)
     lg = np.array([v for p in prompts for row in p["logits"] for v in row])
     print(
         f"{arch:8s} gguf-vs-hf max|d|={worst:.2e}  logits std={lg.std():.2f}  "
@@ -931,6 +965,63 @@ def make(arch: str, rng: np.random.Generator) -> dict:
         + (f"  min router gap={route_gap:.2e}" if route_gap < float("inf") else "")
     )
     return ref
+
+
+# Quantized copies of the mixture-of-experts models, typed as the published
+# files are: experts in a 4-bit type (Q4_0 for Qwen3-MoE, MXFP4 for gpt-oss),
+# attention and the head in Q8_0, router, norms, biases and sinks in F32.
+QUANTIZED = {
+    "qwen3moe": gguf.GGMLQuantizationType.Q4_0,
+    "gpt-oss": gguf.GGMLQuantizationType.MXFP4,
+}
+
+
+def write_quantized(arch: str, d: Path, prompts: list[dict]) -> None:
+    src = gguf.GGUFReader(str(d / "model.gguf"))
+    out = d / "model-quant.gguf"
+    w = gguf.GGUFWriter(str(out), ARCHS[arch]["gguf_arch"])
+    for field in src.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for t in src.tensors:
+        data = np.array(t.data, dtype=np.float32)
+        if "_exps.weight" in t.name:
+            qt = QUANTIZED[arch]
+        elif data.ndim == 2 and "ffn_gate_inp" not in t.name:
+            qt = gguf.GGMLQuantizationType.Q8_0
+        else:
+            qt = gguf.GGMLQuantizationType.F32
+        if qt == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(t.name, data)
+        else:
+            w.add_tensor(t.name, gguf.quants.quantize(data, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref = []
+    for p in prompts:
+        gaps: list[float] = []
+        logits = gguf_forward(out, p["ids"], gaps)
+        assert min(gaps) > 1e-5, f"{arch} quantized: router near-tie {min(gaps)}"
+        gaps_int8: list[float] = []
+        emulated = gguf_forward(out, p["ids"], gaps_int8, int8_acts=True)
+        assert min(gaps_int8) > 1e-5, f"{arch} quantized int8: router near-tie {min(gaps_int8)}"
+        ref.append(dict(
+            ids=p["ids"],
+            logits=[[r6(v) for v in row] for row in logits],
+            logits_int8_acts=[[r6(v) for v in row] for row in emulated],
+        ))
+    (d / "reference-quant.json").write_text(json.dumps(dict(
+        arch=arch,
+        types={"experts": QUANTIZED[arch].name, "matrices": "Q8_0", "router, vectors": "F32"},
+        note="float64 forward pass over gguf-py's dequantization of model-quant.gguf; "
+        "logits_int8_acts: the same with every quantized matrix's input rounded to int8 "
+        "per 32 values (scale amax/127, ties to even), as the engines compute",
+        prompts=ref,
+    ), separators=(",", ":")))
+    print(f"  {arch}: model-quant.gguf {out.stat().st_size / 1024:.1f} KiB")
 
 
 def main(argv: list[str]) -> None:

@@ -332,3 +332,46 @@ fn an_empty_api_key_is_refused_at_start() {
         "cannot read --api-key-file /nonexistent/key",
     );
 }
+
+/// `spindle bench` runs on the tiny mixture-of-experts models and counts
+/// the bytes a decode pass reads from the router and the experts a token
+/// uses, not from every expert.
+#[test]
+fn bench_runs_on_tiny_moe_models() {
+    for arch in ["qwen3moe", "gpt-oss"] {
+        let gguf = tiny(arch).join("model.gguf");
+        let o = spindle(&[
+            "bench",
+            "-m",
+            gguf.to_str().unwrap(),
+            "-p",
+            "32",
+            "-n",
+            "8",
+            "-r",
+            "1",
+            "--rows",
+            "1,4",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{arch}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench --json");
+        let text = v.to_string();
+        assert!(text.contains("tg") && text.contains("pp"), "{arch}: {text}");
+        let file = std::fs::metadata(&gguf).unwrap().len() as f64;
+        let read = find_number(&v, "bytes_per_decode_pass").expect("bytes_per_decode_pass");
+        // A token reads 2 of the 8 (qwen3moe) or 2 of the 4 (gpt-oss) experts.
+        assert!(read > 0.0 && read < 0.8 * file, "{arch}: {read} of {file}");
+    }
+}
+
+fn find_number(v: &serde_json::Value, key: &str) -> Option<f64> {
+    match v {
+        serde_json::Value::Object(m) => m
+            .get(key)
+            .and_then(|x| x.as_f64())
+            .or_else(|| m.values().find_map(|x| find_number(x, key))),
+        serde_json::Value::Array(a) => a.iter().find_map(|x| find_number(x, key)),
+        _ => None,
+    }
+}

@@ -11,7 +11,7 @@ pub enum ModelError {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
-    #[error("unsupported architecture '{0}': Spindle runs llama, mistral, mixtral, qwen2, qwen3, qwen3moe, phi3, gemma2 and gemma3 models")]
+    #[error("unsupported architecture '{0}': Spindle runs llama, mistral, mixtral, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3 and gpt-oss models")]
     UnsupportedArchitecture(String),
     #[error("unsupported model feature: {0}")]
     Unsupported(String),

@@ -187,3 +187,53 @@ fn phi3_long_rope_switches_factors_with_the_cache_length() {
         assert!(rel_err(&p.logits[4], &want_long[4]) > 1e-2);
     }
 }
+
+/// The mixture-of-experts models quantized as published files are (4-bit
+/// experts: Q4_0 for Qwen3-MoE, MXFP4 for gpt-oss; Q8_0 attention and head;
+/// each expert a slice of a quantized stacked tensor) against float64
+/// passes over gguf-py's dequantization of the same file: tightly against
+/// the pass that rounds each quantized matrix's input to int8 as the
+/// engines do (with f32 KV, as the references keep K and V exact).
+#[test]
+fn quantized_moe_files_match_their_dequantized_reference() {
+    #[derive(serde::Deserialize)]
+    struct Quant {
+        prompts: Vec<QuantPrompt>,
+    }
+    #[derive(serde::Deserialize)]
+    struct QuantPrompt {
+        ids: Vec<u32>,
+        logits: Vec<Vec<f32>>,
+        logits_int8_acts: Vec<Vec<f32>>,
+    }
+    for arch in ["qwen3moe", "gpt-oss"] {
+        let dir = fixture_dir(arch);
+        let text = std::fs::read_to_string(dir.join("reference-quant.json")).unwrap();
+        let r: Quant = serde_json::from_str(&text).unwrap();
+        let m = load(&dir.join("model-quant.gguf"), 2);
+        let (mut emulated, mut exact) = (0.0f32, 0.0f32);
+        for p in &r.prompts {
+            // f32 KV: the references keep K and V exact.
+            let mut cache = m.model.new_kv_cache(spindle_model::KvType::F32, 256, 1);
+            let seq = cache.add_sequence().unwrap();
+            let mut batch = spindle_model::Batch::new();
+            batch.push_chain(seq, 0, &p.ids, |_| true);
+            let logits = m.model.forward(&batch, &mut cache).unwrap();
+            let got: Vec<Vec<f32>> = (0..p.ids.len())
+                .map(|i| logits.row(i).unwrap().to_vec())
+                .collect();
+            for ((g, e), x) in got.iter().zip(&p.logits_int8_acts).zip(&p.logits) {
+                emulated = emulated.max(rel_err(g, e));
+                exact = exact.max(rel_err(g, x));
+            }
+        }
+        eprintln!("{arch}: quantized, relative error {emulated:.1e} to the int8 pass, {exact:.1e} to the exact one");
+        assert!(
+            emulated < 1e-4,
+            "{arch}: {emulated} from the int8-activation reference"
+        );
+        // (The int8 rounding moves logits by about 2% here, and may flip a
+        // close routing choice: the exact pass is a reading, not a bound.)
+        assert!(exact > 1e-3, "{arch}: int8 activations should show");
+    }
+}
