@@ -155,7 +155,14 @@ impl ModelConfig {
                 arch: arch.to_string(),
             })?;
         let f = |k: &str| gguf.get_f64(&key(k)).map(|v| v as f32);
-        let rope_scaling = match gguf.get_str(&key("rope.scaling.type")) {
+        // gpt-oss is YaRN-scaled; a converter that wrote the factor but not
+        // the type still means it.
+        let scaling_type =
+            gguf.get_str(&key("rope.scaling.type"))
+                .or((family == Family::GptOss
+                    && f("rope.scaling.factor").is_some_and(|x| x > 1.0))
+                .then_some("yarn"));
+        let rope_scaling = match scaling_type {
             Some("linear") => RopeScaling::Linear {
                 factor: f("rope.scaling.factor").unwrap_or(1.0),
             },

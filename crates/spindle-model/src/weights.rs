@@ -442,6 +442,22 @@ impl TensorSource<'_> {
             .ok_or_else(|| self.missing(name))
     }
 
+    /// The first tensor whose name contains one of `parts`.
+    fn first_name_containing(&self, parts: &[&str]) -> Option<String> {
+        let hit = |n: &str| parts.iter().any(|p| n.contains(p));
+        match self {
+            TensorSource::Gguf(g) => g
+                .tensors()
+                .iter()
+                .map(|t| &t.name)
+                .find(|n| hit(n))
+                .cloned(),
+            TensorSource::Safetensors(st) => {
+                st.tensors().map(|t| &t.name).find(|n| hit(n)).cloned()
+            }
+        }
+    }
+
     fn is_safetensors(&self) -> bool {
         matches!(self, TensorSource::Safetensors(_))
     }
@@ -449,6 +465,12 @@ impl TensorSource<'_> {
 
 impl Weights {
     pub fn load(src: &TensorSource<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
+        if let Some(name) = src.first_name_containing(&["_shexp", "shared_expert"]) {
+            return Err(ModelError::Unsupported(format!(
+                "tensor '{name}' is a shared expert, which Spindle does not run yet \
+                 (Qwen2-MoE, DeepSeek and Llama 4 style mixtures)"
+            )));
+        }
         let arch = &cfg.arch;
         let norm_offset = if src.is_safetensors() {
             arch.hf_norm_offset

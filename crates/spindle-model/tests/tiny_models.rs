@@ -237,3 +237,27 @@ fn quantized_moe_files_match_their_dequantized_reference() {
         assert!(exact > 1e-3, "{arch}: int8 activations should show");
     }
 }
+
+/// A mixture with shared experts (not run yet) is refused naming the
+/// tensor, not loaded without them.
+#[test]
+fn shared_experts_are_refused_by_name() {
+    let mut bytes = std::fs::read(fixture_dir("qwen3moe").join("model.gguf")).unwrap();
+    let (from, to) = (b"blk.0.ffn_up_exps.weight", b"blk.0.ffn_up_shexp.weigh");
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("tensor name in the header");
+    bytes[at..at + from.len()].copy_from_slice(to);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let err = spindle_model::load(&path, 1)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("blk.0.ffn_up_shexp.weigh") && err.contains("shared expert"),
+        "{err}"
+    );
+}
