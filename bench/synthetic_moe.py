@@ -66,7 +66,7 @@ def main() -> None:
     w.add_bos_token_id(a.vocab - 2)
 
     def mat(name, rows, cols, ty=qt, *lead):
-        x = rng.standard_normal((*lead, rows, cols), dtype=np.float32) / np.sqrt(cols)
+        x = (rng.standard_normal((*lead, rows, cols), dtype=np.float32) / np.float32(np.sqrt(cols))).astype(np.float32)
         if ty == Q.F32:
             w.add_tensor(name, x)
         else:

@@ -140,13 +140,16 @@ pub fn activation_terms(
                 "ExpertBuffers.choices and members: each row's experts",
                 mul(&[16 + 8, n, k]).saturating_add(mul(&[24, ne])),
             ),
+            // ExpertScratch: one expert at a time holds up to all n rows;
+            // experts run as tasks (at most 16 rows each, forward/experts.rs
+            // ROWS_PER_EXPERT_TASK) keep one scratch per expert hit.
             (
-                "ExpertBuffers.x and y: one expert's rows in and out, f32",
-                mul(&[2 * F32, n, e]),
-            ),
-            (
-                "ExpertBuffers.gate and up: one expert's hidden rows, f32",
-                mul(&[2 * F32, n, ff]),
+                "ExpertScratch: experts' rows in and out and hidden rows, f32",
+                mul(&[
+                    2 * F32,
+                    n.saturating_add(ne.min(n.saturating_mul(k)).saturating_mul(16)),
+                    e + ff,
+                ]),
             ),
             (
                 "ExpertBuffers.slots: every chosen expert's output, f32",

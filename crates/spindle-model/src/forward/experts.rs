@@ -6,6 +6,8 @@
 //! sums its experts' outputs in its own top-k order, so which other rows
 //! share the pass changes nothing.
 
+use std::sync::Mutex;
+
 use spindle_kernels::activation::gated;
 
 use super::*;
@@ -21,14 +23,25 @@ pub(super) struct ExpertBuffers {
     choices: Vec<(usize, f32)>,
     /// Per expert, the slots (`row * n_used + rank`) that chose it.
     members: Vec<Vec<usize>>,
-    /// An expert's input rows, gathered.
+    /// One per expert task running at once: an expert's rows in, hidden,
+    /// and out.
+    scratch: Vec<Mutex<ExpertScratch>>,
+    /// Every slot's expert output, `n x n_used x n_embd`.
+    slots: Vec<f32>,
+}
+
+#[derive(Default)]
+struct ExpertScratch {
     x: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     y: Vec<f32>,
-    /// Every slot's expert output, `n x n_used x n_embd`.
-    slots: Vec<f32>,
 }
+
+/// The most rows an expert may have for the pass to run its experts as
+/// tasks of their own: with few rows each matmul is too small to split
+/// across threads, and one task per expert saves a dispatch per matmul.
+const ROWS_PER_EXPERT_TASK: usize = 16;
 
 impl Model {
     /// `out = sum over each row's chosen experts of weight x expert(xn)`.
@@ -42,63 +55,69 @@ impl Model {
         b: &mut ExpertBuffers,
     ) -> Result<(), ModelError> {
         let e = self.config.n_embd;
-        let (ne, k, ff) = (moe.n_experts, moe.n_used, moe.n_ff);
-        b.logits.resize(n * ne, 0.0);
-        self.matmul(&w.router, xn, n, &mut b.logits)?;
+        let (ne, k) = (moe.n_experts, moe.n_used);
+        let ExpertBuffers {
+            logits,
+            choices,
+            members,
+            scratch,
+            slots,
+        } = b;
+        logits.resize(n * ne, 0.0);
+        self.matmul(&w.router, xn, n, logits)?;
         if let Some(bias) = &w.router_bias {
-            for row in b.logits.chunks_exact_mut(ne) {
+            for row in logits.chunks_exact_mut(ne) {
                 row.iter_mut().zip(bias).for_each(|(l, b)| *l += b);
             }
         }
 
-        b.choices.clear();
-        for row in b.logits.chunks_exact(ne) {
-            route(row, moe.routing, k, &mut b.choices);
+        choices.clear();
+        for row in logits.chunks_exact(ne) {
+            route(row, moe.routing, k, choices);
         }
-        b.members.resize_with(ne, Vec::new);
-        b.members.iter_mut().for_each(Vec::clear);
-        for (slot, &(expert, _)) in b.choices.iter().enumerate() {
-            b.members[expert].push(slot);
+        members.resize_with(ne, Vec::new);
+        members.iter_mut().for_each(Vec::clear);
+        for (slot, &(expert, _)) in choices.iter().enumerate() {
+            members[expert].push(slot);
         }
+        let hit: Vec<usize> = (0..ne).filter(|&j| !members[j].is_empty()).collect();
+        let largest = hit.iter().map(|&j| members[j].len()).max().unwrap_or(0);
 
-        b.slots.resize(n * k * e, 0.0);
-        let act = self.config.arch.activation;
-        for (j, slots) in b.members.iter().enumerate() {
-            let m = slots.len();
-            if m == 0 {
-                continue;
+        // Each slot belongs to one expert: experts write disjoint chunks.
+        slots.resize(n * k * e, 0.0);
+        let out_slots = DisjointChunks::new(&mut slots[..], e);
+        let run = |j: usize, s: &mut ExpertScratch| -> Result<(), ModelError> {
+            self.run_expert(w, moe, j, &members[j], xn, s)?;
+            for (r, &slot) in members[j].iter().enumerate() {
+                // SAFETY: slot `slot` chose expert `j` alone, and each
+                // expert runs once.
+                unsafe { out_slots.chunk_mut(slot) }.copy_from_slice(&s.y[r * e..(r + 1) * e]);
             }
-            b.x.resize(m * e, 0.0);
-            for (r, &slot) in slots.iter().enumerate() {
-                let row = slot / k;
-                b.x[r * e..(r + 1) * e].copy_from_slice(&xn[row * e..(row + 1) * e]);
+            Ok(())
+        };
+        if largest <= ROWS_PER_EXPERT_TASK && hit.len() > 1 && self.pool.n_threads() > 1 {
+            // Matmuls called inside a task run on its thread (the pool runs
+            // nested jobs inline), with the bits of a split run.
+            if scratch.len() < hit.len() {
+                scratch.resize_with(hit.len(), Mutex::default);
             }
-            b.gate.resize(m * ff, 0.0);
-            b.up.resize(m * ff, 0.0);
-            b.y.resize(m * e, 0.0);
-            self.matmul(&w.gate[j], &b.x, m, &mut b.gate)?;
-            self.matmul(&w.up[j], &b.x, m, &mut b.up)?;
-            let bias = |biases: &Option<Vec<Vec<f32>>>, rows: &mut [f32], width: usize| {
-                if let Some(bias) = biases {
-                    for row in rows.chunks_exact_mut(width) {
-                        row.iter_mut().zip(&bias[j]).for_each(|(v, b)| *v += b);
-                    }
+            let failed = Mutex::new(None);
+            for_each_task(&self.pool, hit.len(), |t| {
+                let mut s = scratch[t].lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(err) = run(hit[t], &mut s) {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
                 }
-            };
-            bias(&w.gate_bias, &mut b.gate, ff);
-            bias(&w.up_bias, &mut b.up, ff);
-            for (g, u) in b.gate.chunks_exact_mut(ff).zip(b.up.chunks_exact(ff)) {
-                match moe.activation {
-                    ExpertActivation::Silu => gated(self.isa, act, g, u),
-                    ExpertActivation::ClampedSwiglu { alpha, limit } => {
-                        clamped_swiglu(g, u, alpha, limit)
-                    }
-                }
+            });
+            if let Some(err) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                return Err(err);
             }
-            self.matmul(&w.down[j], &b.gate, m, &mut b.y)?;
-            bias(&w.down_bias, &mut b.y, e);
-            for (r, &slot) in slots.iter().enumerate() {
-                b.slots[slot * e..(slot + 1) * e].copy_from_slice(&b.y[r * e..(r + 1) * e]);
+        } else {
+            if scratch.is_empty() {
+                scratch.push(Mutex::default());
+            }
+            let s = scratch[0].get_mut().unwrap_or_else(|p| p.into_inner());
+            for &j in &hit {
+                run(j, s)?;
             }
         }
 
@@ -107,11 +126,58 @@ impl Model {
             o.fill(0.0);
             for rank in 0..k {
                 let slot = i * k + rank;
-                let weight = b.choices[slot].1;
-                let y = &b.slots[slot * e..(slot + 1) * e];
+                let weight = choices[slot].1;
+                let y = &slots[slot * e..(slot + 1) * e];
                 o.iter_mut().zip(y).for_each(|(a, v)| *a += weight * v);
             }
         }
+        Ok(())
+    }
+
+    /// Expert `j` over the rows of `slots` (`row * n_used + rank`): gathers
+    /// them from `xn` and leaves the expert's outputs in `s.y`, one row per
+    /// slot in order.
+    fn run_expert(
+        &self,
+        w: &ExpertWeights,
+        moe: &MoeConfig,
+        j: usize,
+        slots: &[usize],
+        xn: &[f32],
+        s: &mut ExpertScratch,
+    ) -> Result<(), ModelError> {
+        let e = self.config.n_embd;
+        let (k, ff, m) = (moe.n_used, moe.n_ff, slots.len());
+        s.x.resize(m * e, 0.0);
+        for (r, &slot) in slots.iter().enumerate() {
+            let row = slot / k;
+            s.x[r * e..(r + 1) * e].copy_from_slice(&xn[row * e..(row + 1) * e]);
+        }
+        s.gate.resize(m * ff, 0.0);
+        s.up.resize(m * ff, 0.0);
+        s.y.resize(m * e, 0.0);
+        self.matmul(&w.gate[j], &s.x, m, &mut s.gate)?;
+        self.matmul(&w.up[j], &s.x, m, &mut s.up)?;
+        let bias = |biases: &Option<Vec<Vec<f32>>>, rows: &mut [f32], width: usize| {
+            if let Some(bias) = biases {
+                for row in rows.chunks_exact_mut(width) {
+                    row.iter_mut().zip(&bias[j]).for_each(|(v, b)| *v += b);
+                }
+            }
+        };
+        bias(&w.gate_bias, &mut s.gate, ff);
+        bias(&w.up_bias, &mut s.up, ff);
+        let act = self.config.arch.activation;
+        for (g, u) in s.gate.chunks_exact_mut(ff).zip(s.up.chunks_exact(ff)) {
+            match moe.activation {
+                ExpertActivation::Silu => gated(self.isa, act, g, u),
+                ExpertActivation::ClampedSwiglu { alpha, limit } => {
+                    clamped_swiglu(g, u, alpha, limit)
+                }
+            }
+        }
+        self.matmul(&w.down[j], &s.gate, m, &mut s.y)?;
+        bias(&w.down_bias, &mut s.y, e);
         Ok(())
     }
 }
