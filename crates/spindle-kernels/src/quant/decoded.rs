@@ -178,9 +178,53 @@ mod avx2 {
         let per = T::BLOCK_LEN / 32;
         let ones = _mm256_set1_epi16(1);
         let mut dec = [Decoded::default(); MAX_PER];
+        // Types of one scale per 32 values whose values decode in SIMD
+        // (IQ4_NL, MXFP4) fold 8 blocks at once: block b's lane is b % 8,
+        // so 8 consecutive blocks fill the 8 lanes, each with the scalar
+        // fold's operations (`fma(dw * da, isum, lane)`; the integer sums
+        // are exact in any order).
+        let eight_at_once = matches!(T::FOLD, super::Fold::Block32) && T::SIMD_VALUES && per == 1;
         for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
             let mut lanes = [0.0f32; 8];
-            for (s, block) in row.chunks_exact(T::BLOCK_BYTES).enumerate() {
+            let mut first = 0;
+            if eight_at_once {
+                let nb = row.len() / T::BLOCK_BYTES;
+                let mut acc = _mm256_setzero_ps();
+                while first + 8 <= nb {
+                    let mut prods = [_mm256_setzero_si256(); 8];
+                    let mut dw = [0.0f32; 8];
+                    for (i, prod) in prods.iter_mut().enumerate() {
+                        let b = first + i;
+                        let block = &row[b * T::BLOCK_BYTES..(b + 1) * T::BLOCK_BYTES];
+                        T::decode_terms(block, &mut dec[..1]);
+                        dw[i] = dec[0].f0;
+                        // SAFETY: a whole storage block and 32 activation bytes.
+                        let (v, y) = unsafe {
+                            (
+                                T::values_avx2(block.as_ptr(), 0),
+                                _mm256_loadu_si256(a.qs[32 * b..32 * b + 32].as_ptr().cast()),
+                            )
+                        };
+                        *prod = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(y, v)),
+                            ones,
+                        );
+                    }
+                    let isums = sum8_each(&prods);
+                    // SAFETY: 8 floats each.
+                    let scale = unsafe {
+                        _mm256_mul_ps(
+                            _mm256_loadu_ps(dw.as_ptr()),
+                            _mm256_loadu_ps(a.d[first..first + 8].as_ptr()),
+                        )
+                    };
+                    acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isums), acc);
+                    first += 8;
+                }
+                // SAFETY: 8 floats.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+            }
+            for (s, block) in row.chunks_exact(T::BLOCK_BYTES).enumerate().skip(first) {
                 if T::SIMD_VALUES {
                     T::decode_terms(block, &mut dec[..per]);
                 } else {
@@ -227,6 +271,23 @@ mod avx2 {
             }
             *o = tree8(&lanes);
         }
+    }
+
+    /// Lane `i` of the result: the sum of the 8 int32 lanes of `v[i]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn sum8_each(v: &[__m256i; 8]) -> __m256i {
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        // Per 128-bit half: the half-sums of v[0..4] and of v[4..8].
+        let lo = _mm256_hadd_epi32(h01, h23);
+        let hi = _mm256_hadd_epi32(h45, h67);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(lo, hi, 0x20),
+            _mm256_permute2x128_si256(lo, hi, 0x31),
+        )
     }
 
     /// The sum of the 4 int32 lanes of `v`.

@@ -69,10 +69,22 @@ impl BlockDecode for Iq4Nl {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn codebook_avx2(qs: *const u8) -> std::arch::x86_64::__m256i {
+    unsafe { table_avx2(&KVALUES, qs) }
+}
+
+/// AVX2: the 32 values `table[nibble]` of the 16 nibble bytes at `qs`
+/// (value `l` as in [`nibble`]): one `pshufb` lookup (IQ4_NL, MXFP4).
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `qs..qs + 16` readable.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn table_avx2(table: &[i8; 16], qs: *const u8) -> std::arch::x86_64::__m256i {
     use crate::simd::avx2::{load_128, nibbles_16};
     use std::arch::x86_64::*;
     unsafe {
-        let table = _mm256_broadcastsi128_si256(load_128(KVALUES.as_ptr().cast()));
+        let table = _mm256_broadcastsi128_si256(load_128(table.as_ptr().cast()));
         _mm256_shuffle_epi8(table, nibbles_16(load_128(qs)))
     }
 }

@@ -50,8 +50,23 @@ impl BlockDecode for Mxfp4 {
 
     #[inline(always)]
     fn decode(block: &[u8], out: &mut [Decoded]) {
-        let o = &mut out[0];
-        o.v = std::array::from_fn(|l| KVALUES[nibble(&block[1..], l) as usize]);
-        o.f0 = e8m0_half(block[0]);
+        Self::decode_terms(block, out);
+        out[0].v = std::array::from_fn(|l| KVALUES[nibble(&block[1..], l) as usize]);
+    }
+
+    const SIMD_VALUES: bool = true;
+
+    #[inline(always)]
+    fn decode_terms(block: &[u8], out: &mut [Decoded]) {
+        out[0].f0 = e8m0_half(block[0]);
+    }
+
+    /// # Safety
+    /// As [`BlockDecode::values_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(p: *const u8, _j: usize) -> std::arch::x86_64::__m256i {
+        unsafe { super::iq4_nl::table_avx2(&KVALUES, p.add(1)) }
     }
 }
