@@ -318,7 +318,8 @@ fn vnni_multi<T: multi_row::MultiRow>() -> QuantMulti {
 
 /// The kernel of a type computed through its decoded blocks
 /// ([`quant::decoded`](crate::quant::decoded)) on `isa` (on AVX-512 VNNI
-/// machines, the AVX2 kernels).
+/// machines, the AVX2 multi-row kernels and the one-row kernel with its
+/// 8-block dots by `vpdpbusd`).
 fn decoded_kernel(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
     macro_rules! kernels {
         ($T:ty) => {
@@ -328,8 +329,15 @@ fn decoded_kernel(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
                     scalar_multi::<ByDecode<$T>>(),
                 ),
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::Avx512Vnni => (
+                Isa::Avx2 => (
                     decoded::rows_avx2::<$T> as QuantRowsFn,
+                    avx2_multi::<ByDecode<$T>>(),
+                ),
+                // The multi-row kernels of these types are the AVX2 ones on
+                // this ISA too (Q2's half sums have no VNNI form).
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Vnni => (
+                    decoded::rows_avx512vnni::<$T> as QuantRowsFn,
                     avx2_multi::<ByDecode<$T>>(),
                 ),
                 #[allow(unreachable_patterns)]

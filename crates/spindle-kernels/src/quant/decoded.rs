@@ -152,7 +152,7 @@ pub(crate) fn rows_scalar<T: BlockDecode>(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::rows_avx2;
+pub(crate) use avx2::{rows_avx2, rows_avx512vnni};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -175,101 +175,142 @@ mod avx2 {
         a: ActRow<'_>,
         out: &mut [f32],
     ) {
-        let per = T::BLOCK_LEN / 32;
-        let ones = _mm256_set1_epi16(1);
-        let mut dec = [Decoded::default(); MAX_PER];
-        // Types of one scale per 32 values whose values decode in SIMD
-        // (IQ4_NL, MXFP4) fold 8 blocks at once: block b's lane is b % 8,
-        // so 8 consecutive blocks fill the 8 lanes, each with the scalar
-        // fold's operations (`fma(dw * da, isum, lane)`; the integer sums
-        // are exact in any order).
-        let eight_at_once = matches!(T::FOLD, super::Fold::Block32) && T::SIMD_VALUES && per == 1;
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            let mut lanes = [0.0f32; 8];
-            let mut first = 0;
-            if eight_at_once {
-                let nb = row.len() / T::BLOCK_BYTES;
-                let mut acc = _mm256_setzero_ps();
-                while first + 8 <= nb {
-                    let mut prods = [_mm256_setzero_si256(); 8];
-                    let mut dw = [0.0f32; 8];
-                    for (i, prod) in prods.iter_mut().enumerate() {
-                        let b = first + i;
-                        let block = &row[b * T::BLOCK_BYTES..(b + 1) * T::BLOCK_BYTES];
-                        T::decode_terms(block, &mut dec[..1]);
-                        dw[i] = dec[0].f0;
-                        // SAFETY: a whole storage block and 32 activation bytes.
-                        let (v, y) = unsafe {
-                            (
-                                T::values_avx2(block.as_ptr(), 0),
-                                _mm256_loadu_si256(a.qs[32 * b..32 * b + 32].as_ptr().cast()),
+        unsafe { rows_body::<T, false>(w, row_bytes, a, out) }
+    }
+
+    /// [`rows_avx2`] with the 8-block fold's dots by `vpdpbusd` (exact
+    /// int32 sums, as `maddubs` + `madd` give them here: no pair sum
+    /// reaches int16's limit, `|v|, |a| <= 127`).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C, AVX-512 VL and VNNI available.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn rows_avx512vnni<T: BlockDecode>(
+        w: &[u8],
+        row_bytes: usize,
+        a: ActRow<'_>,
+        out: &mut [f32],
+    ) {
+        unsafe { rows_body::<T, true>(w, row_bytes, a, out) }
+    }
+
+    /// The one-row kernel, inlined into its feature-enabled entry points.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available (with `VNNI`, AVX-512 VL and VNNI too).
+    #[inline(always)]
+    unsafe fn rows_body<T: BlockDecode, const VNNI: bool>(
+        w: &[u8],
+        row_bytes: usize,
+        a: ActRow<'_>,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller enabled the features; slices are checked.
+        #[allow(unused_unsafe)]
+        unsafe {
+            let per = T::BLOCK_LEN / 32;
+            let ones = _mm256_set1_epi16(1);
+            let mut dec = [Decoded::default(); MAX_PER];
+            // Types of one scale per 32 values whose values decode in SIMD
+            // (IQ4_NL, MXFP4) fold 8 blocks at once: block b's lane is b % 8,
+            // so 8 consecutive blocks fill the 8 lanes, each with the scalar
+            // fold's operations (`fma(dw * da, isum, lane)`; the integer sums
+            // are exact in any order).
+            let eight_at_once =
+                matches!(T::FOLD, super::Fold::Block32) && T::SIMD_VALUES && per == 1;
+            for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                let mut lanes = [0.0f32; 8];
+                let mut first = 0;
+                if eight_at_once {
+                    let nb = row.len() / T::BLOCK_BYTES;
+                    let mut acc = _mm256_setzero_ps();
+                    while first + 8 <= nb {
+                        let mut prods = [_mm256_setzero_si256(); 8];
+                        let mut dw = [0.0f32; 8];
+                        for (i, prod) in prods.iter_mut().enumerate() {
+                            let b = first + i;
+                            let block = &row[b * T::BLOCK_BYTES..(b + 1) * T::BLOCK_BYTES];
+                            T::decode_terms(block, &mut dec[..1]);
+                            dw[i] = dec[0].f0;
+                            // SAFETY: a whole storage block and 32 activation bytes.
+                            let (v, y) = unsafe {
+                                (
+                                    T::values_avx2(block.as_ptr(), 0),
+                                    _mm256_loadu_si256(a.qs[32 * b..32 * b + 32].as_ptr().cast()),
+                                )
+                            };
+                            // SAFETY: the features of the entry point.
+                            *prod = unsafe {
+                                let (u, s) = (_mm256_abs_epi8(v), _mm256_sign_epi8(y, v));
+                                if VNNI {
+                                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+                                } else {
+                                    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)
+                                }
+                            };
+                        }
+                        // SAFETY: the features of the entry point.
+                        let isums = unsafe { sum8_each(&prods) };
+                        // SAFETY: 8 floats each.
+                        let scale = unsafe {
+                            _mm256_mul_ps(
+                                _mm256_loadu_ps(dw.as_ptr()),
+                                _mm256_loadu_ps(a.d[first..first + 8].as_ptr()),
                             )
                         };
-                        *prod = _mm256_madd_epi16(
+                        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isums), acc);
+                        first += 8;
+                    }
+                    // SAFETY: 8 floats.
+                    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+                }
+                for (s, block) in row.chunks_exact(T::BLOCK_BYTES).enumerate().skip(first) {
+                    if T::SIMD_VALUES {
+                        T::decode_terms(block, &mut dec[..per]);
+                    } else {
+                        T::decode(block, &mut dec[..per]);
+                    }
+                    for (j, blk) in dec[..per].iter().enumerate() {
+                        let b = s * per + j;
+                        let aq = &a.qs[32 * b..32 * b + 32];
+                        // SAFETY: `blk.v` and `aq` are 32 bytes each, `block`
+                        // is a whole storage block.
+                        let (v, y) = unsafe {
+                            (
+                                if T::SIMD_VALUES {
+                                    T::values_avx2(block.as_ptr(), j)
+                                } else {
+                                    _mm256_loadu_si256(blk.v.as_ptr().cast())
+                                },
+                                _mm256_loadu_si256(aq.as_ptr().cast()),
+                            )
+                        };
+                        let prod = _mm256_madd_epi16(
                             _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(y, v)),
                             ones,
                         );
+                        let (lo, hi) = (
+                            _mm256_castsi256_si128(prod),
+                            _mm256_extracti128_si256(prod, 1),
+                        );
+                        // Folds without sub-block scales need only the sum of
+                        // both halves: one horizontal sum.
+                        let dots = if matches!(T::FOLD, super::Fold::Q6 | super::Fold::Q2) {
+                            [sum4(lo), sum4(hi)]
+                        } else {
+                            [sum4(_mm_add_epi32(lo, hi)), 0]
+                        };
+                        let half_sums = if matches!(T::FOLD, super::Fold::Q2) {
+                            let lo: i32 = aq[..16].iter().map(|&q| q as i32).sum();
+                            [lo, a.bsums[b] as i32 - lo]
+                        } else {
+                            [0, 0]
+                        };
+                        fold_decoded(T::FOLD, &mut lanes[b % 8], blk, a, b, dots, half_sums);
                     }
-                    let isums = sum8_each(&prods);
-                    // SAFETY: 8 floats each.
-                    let scale = unsafe {
-                        _mm256_mul_ps(
-                            _mm256_loadu_ps(dw.as_ptr()),
-                            _mm256_loadu_ps(a.d[first..first + 8].as_ptr()),
-                        )
-                    };
-                    acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isums), acc);
-                    first += 8;
                 }
-                // SAFETY: 8 floats.
-                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+                *o = tree8(&lanes);
             }
-            for (s, block) in row.chunks_exact(T::BLOCK_BYTES).enumerate().skip(first) {
-                if T::SIMD_VALUES {
-                    T::decode_terms(block, &mut dec[..per]);
-                } else {
-                    T::decode(block, &mut dec[..per]);
-                }
-                for (j, blk) in dec[..per].iter().enumerate() {
-                    let b = s * per + j;
-                    let aq = &a.qs[32 * b..32 * b + 32];
-                    // SAFETY: `blk.v` and `aq` are 32 bytes each, `block`
-                    // is a whole storage block.
-                    let (v, y) = unsafe {
-                        (
-                            if T::SIMD_VALUES {
-                                T::values_avx2(block.as_ptr(), j)
-                            } else {
-                                _mm256_loadu_si256(blk.v.as_ptr().cast())
-                            },
-                            _mm256_loadu_si256(aq.as_ptr().cast()),
-                        )
-                    };
-                    let prod = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(y, v)),
-                        ones,
-                    );
-                    let (lo, hi) = (
-                        _mm256_castsi256_si128(prod),
-                        _mm256_extracti128_si256(prod, 1),
-                    );
-                    // Folds without sub-block scales need only the sum of
-                    // both halves: one horizontal sum.
-                    let dots = if matches!(T::FOLD, super::Fold::Q6 | super::Fold::Q2) {
-                        [sum4(lo), sum4(hi)]
-                    } else {
-                        [sum4(_mm_add_epi32(lo, hi)), 0]
-                    };
-                    let half_sums = if matches!(T::FOLD, super::Fold::Q2) {
-                        let lo: i32 = aq[..16].iter().map(|&q| q as i32).sum();
-                        [lo, a.bsums[b] as i32 - lo]
-                    } else {
-                        [0, 0]
-                    };
-                    fold_decoded(T::FOLD, &mut lanes[b % 8], blk, a, b, dots, half_sums);
-                }
-            }
-            *o = tree8(&lanes);
         }
     }
 
