@@ -8,6 +8,7 @@ use spindle_kernels::rope::RopeStyle;
 
 use crate::arch::{ArchTraits, Family};
 use crate::error::ModelError;
+use crate::weights::TensorSource;
 
 /// How rotary frequencies are stretched for long contexts.
 #[derive(Debug, Clone, PartialEq)]
@@ -184,9 +185,10 @@ impl ModelConfig {
             _ => RopeScaling::None,
         };
         // Phi-3's converter writes LongRoPE as two factor tensors.
+        let factors = TensorSource::Gguf(gguf);
         let rope_scaling = match (
-            gguf_vector(gguf, "rope_factors_short.weight", h.head_dim / 2)?,
-            gguf_vector(gguf, "rope_factors_long.weight", h.head_dim / 2)?,
+            factors.vector_opt("rope_factors_short.weight", h.head_dim / 2, 0.0)?,
+            factors.vector_opt("rope_factors_long.weight", h.head_dim / 2, 0.0)?,
         ) {
             (Some(short), Some(long)) => RopeScaling::LongRope {
                 short,
@@ -543,24 +545,6 @@ fn long_rope_from_hf(
         original_context: original,
         attn_factor: attn_factor as f32,
     })
-}
-
-/// A small f32 tensor of a GGUF file (rope factors), checked for length.
-fn gguf_vector(gguf: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
-    let Some(t) = gguf.tensor(name) else {
-        return Ok(None);
-    };
-    let bytes = gguf.tensor_bytes(t);
-    let mut out = vec![0.0f32; len];
-    if t.dims.iter().product::<u64>() != len as u64 {
-        return Err(ModelError::BadShape {
-            name: name.into(),
-            got: t.dims.iter().map(|&d| d as usize).collect(),
-            want: vec![len],
-        });
-    }
-    spindle_kernels::dequantize(t.ty()?, &bytes, &mut out)?;
-    Ok(Some(out))
 }
 
 /// What GGUF metadata and `config.json` spell differently, each read by

@@ -88,6 +88,39 @@ pub struct ExpertWeights {
     pub down_bias: Option<Vec<Vec<f32>>>,
 }
 
+/// Experts read from fused tensors, before the router joins them.
+struct FusedExperts {
+    gate: Vec<Matrix>,
+    up: Vec<Matrix>,
+    down: Vec<Matrix>,
+    gate_bias: Option<Vec<Vec<f32>>>,
+    up_bias: Option<Vec<Vec<f32>>>,
+    down_bias: Option<Vec<Vec<f32>>>,
+}
+
+impl FusedExperts {
+    fn with_router(self, router: Matrix, router_bias: Option<Vec<f32>>) -> ExpertWeights {
+        let FusedExperts {
+            gate,
+            up,
+            down,
+            gate_bias,
+            up_bias,
+            down_bias,
+        } = self;
+        ExpertWeights {
+            router,
+            router_bias,
+            gate,
+            up,
+            down,
+            gate_bias,
+            up_bias,
+            down_bias,
+        }
+    }
+}
+
 impl FeedForward {
     /// The matrices one token reads: all of a dense block; the router and
     /// `n_used` experts (the first ones stand for any: experts are alike
@@ -294,7 +327,7 @@ impl TensorSource<'_> {
         n: usize,
         ff: usize,
         cols: usize,
-    ) -> Result<Option<ExpertWeights>, ModelError> {
+    ) -> Result<Option<FusedExperts>, ModelError> {
         let TensorSource::Safetensors(st) = self else {
             return Ok(None);
         };
@@ -379,15 +412,7 @@ impl TensorSource<'_> {
                     .collect()
             })
         };
-        Ok(Some(ExpertWeights {
-            router: Matrix {
-                name: String::new(),
-                ty: GgmlType::F32,
-                rows: 0,
-                cols: 0,
-                data: TensorBytes::empty(),
-            },
-            router_bias: None,
+        Ok(Some(FusedExperts {
             gate,
             up,
             down,
@@ -404,7 +429,7 @@ impl TensorSource<'_> {
     }
 
     /// A 1-D tensor as f32, plus `offset` (Gemma norms from safetensors).
-    fn vector_opt(
+    pub(crate) fn vector_opt(
         &self,
         name: &str,
         len: usize,
@@ -560,11 +585,7 @@ impl Weights {
                         let router = src.matrix(&n("ffn_gate_inp.weight"), x, e)?;
                         let router_bias = bias("ffn_gate_inp.bias", x)?;
                         FeedForward::Experts(match src.fused_hf_experts(l, x, xff, e)? {
-                            Some(fused) => ExpertWeights {
-                                router,
-                                router_bias,
-                                ..fused
-                            },
+                            Some(fused) => fused.with_router(router, router_bias),
                             None => ExpertWeights {
                                 router,
                                 router_bias,

@@ -57,7 +57,11 @@ pub fn kv(m: &LoadedModel, max_len: usize) -> KvCache {
 
 /// Logits of every position of `ids` from one prefill pass on a fresh sequence.
 pub fn prefill_logits(m: &LoadedModel, ids: &[u32]) -> Vec<Vec<f32>> {
-    let mut cache = kv(m, 256);
+    prefill_logits_in(m, ids, kv(m, 256))
+}
+
+/// [`prefill_logits`] in a cache of the caller's making.
+pub fn prefill_logits_in(m: &LoadedModel, ids: &[u32], mut cache: KvCache) -> Vec<Vec<f32>> {
     let seq = cache.add_sequence().unwrap();
     let mut batch = Batch::new();
     batch.push_chain(seq, 0, ids, |_| true);

@@ -167,14 +167,8 @@ fn phi3_long_rope_switches_factors_with_the_cache_length() {
     for (kind, path) in sources("phi3") {
         let m = load(&path, 2);
         let run = |max_len: usize| {
-            let mut cache = m.model.new_kv_cache(m.model.default_kv_type(), max_len, 1);
-            let seq = cache.add_sequence().unwrap();
-            let mut batch = spindle_model::Batch::new();
-            batch.push_chain(seq, 0, &p.ids, |_| true);
-            let logits = m.model.forward(&batch, &mut cache).unwrap();
-            (0..p.ids.len())
-                .map(|i| logits.row(i).unwrap().to_vec())
-                .collect::<Vec<_>>()
+            let cache = m.model.new_kv_cache(m.model.default_kv_type(), max_len, 1);
+            prefill_logits_in(&m, &p.ids, cache)
         };
         for (max_len, want) in [(4096, &p.logits), (4097, want_long)] {
             let got = run(max_len);
@@ -214,14 +208,8 @@ fn quantized_moe_files_match_their_dequantized_reference() {
         let (mut emulated, mut exact) = (0.0f32, 0.0f32);
         for p in &r.prompts {
             // f32 KV: the references keep K and V exact.
-            let mut cache = m.model.new_kv_cache(spindle_model::KvType::F32, 256, 1);
-            let seq = cache.add_sequence().unwrap();
-            let mut batch = spindle_model::Batch::new();
-            batch.push_chain(seq, 0, &p.ids, |_| true);
-            let logits = m.model.forward(&batch, &mut cache).unwrap();
-            let got: Vec<Vec<f32>> = (0..p.ids.len())
-                .map(|i| logits.row(i).unwrap().to_vec())
-                .collect();
+            let cache = m.model.new_kv_cache(spindle_model::KvType::F32, 256, 1);
+            let got = prefill_logits_in(&m, &p.ids, cache);
             for ((g, e), x) in got.iter().zip(&p.logits_int8_acts).zip(&p.logits) {
                 emulated = emulated.max(rel_err(g, e));
                 exact = exact.max(rel_err(g, x));

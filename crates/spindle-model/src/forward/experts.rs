@@ -21,6 +21,8 @@ pub(super) struct ExpertBuffers {
     logits: Vec<f32>,
     /// Per row, its `n_used` choices: expert and weight, best first.
     choices: Vec<(usize, f32)>,
+    /// One row's experts ranked, and its router probabilities.
+    ranking: Ranking,
     /// Per expert, the slots (`row * n_used + rank`) that chose it.
     members: Vec<Vec<usize>>,
     /// One per expert task running at once: an expert's rows in, hidden,
@@ -59,6 +61,7 @@ impl Model {
         let ExpertBuffers {
             logits,
             choices,
+            ranking,
             members,
             scratch,
             slots,
@@ -73,7 +76,7 @@ impl Model {
 
         choices.clear();
         for row in logits.chunks_exact(ne) {
-            route(row, moe.routing, k, choices);
+            ranking.route(row, moe.routing, k, choices);
         }
         members.resize_with(ne, Vec::new);
         members.iter_mut().for_each(Vec::clear);
@@ -182,33 +185,54 @@ impl Model {
     }
 }
 
-/// Appends a row's `k` choices (expert, weight), best first; ties go to
-/// the lower expert index, so the choice is a function of the logits alone.
-fn route(logits: &[f32], routing: Routing, k: usize, choices: &mut Vec<(usize, f32)>) {
-    let renormalize = match routing {
-        Routing::SoftmaxTopK { renormalize } => renormalize,
-        Routing::TopKSoftmax => {
-            let mut order: Vec<usize> = (0..logits.len()).collect();
-            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-            let top = &order[..k];
-            let max = logits[top[0]];
-            let total: f32 = top.iter().map(|&j| (logits[j] - max).exp()).sum();
-            for &j in top {
-                choices.push((j, (logits[j] - max).exp() / total));
+/// Scratch of [`Ranking::route`], kept so routing allocates nothing.
+#[derive(Default)]
+struct Ranking {
+    order: Vec<usize>,
+    probs: Vec<f32>,
+}
+
+impl Ranking {
+    /// Appends a row's `k` choices (expert, weight), best first; ties go to
+    /// the lower expert index, so the choice is a function of the logits
+    /// alone.
+    fn route(
+        &mut self,
+        logits: &[f32],
+        routing: Routing,
+        k: usize,
+        choices: &mut Vec<(usize, f32)>,
+    ) {
+        let Ranking { order, probs } = self;
+        let rank = |order: &mut Vec<usize>, by: &[f32]| {
+            order.clear();
+            order.extend(0..by.len());
+            order.sort_by(|&a, &b| by[b].total_cmp(&by[a]).then(a.cmp(&b)));
+        };
+        match routing {
+            Routing::TopKSoftmax => {
+                rank(order, logits);
+                let top = &order[..k];
+                let max = logits[top[0]];
+                let total: f32 = top.iter().map(|&j| (logits[j] - max).exp()).sum();
+                for &j in top {
+                    choices.push((j, (logits[j] - max).exp() / total));
+                }
             }
-            return;
+            Routing::SoftmaxTopK { renormalize } => {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                probs.clear();
+                probs.extend(logits.iter().map(|&l| (l - max).exp()));
+                let total: f32 = probs.iter().sum();
+                rank(order, probs);
+                let top = &order[..k];
+                let kept: f32 = top.iter().map(|&j| probs[j] / total).sum();
+                for &j in top {
+                    let p = probs[j] / total;
+                    choices.push((j, if renormalize { p / kept } else { p }));
+                }
+            }
         }
-    };
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let probs: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-    let total: f32 = probs.iter().sum();
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-    let top = &order[..k];
-    let kept: f32 = top.iter().map(|&j| probs[j] / total).sum();
-    for &j in top {
-        let p = probs[j] / total;
-        choices.push((j, if renormalize { p / kept } else { p }));
     }
 }
 
@@ -230,7 +254,8 @@ mod tests {
     fn routing_keeps_the_top_k_of_the_softmax() {
         let logits = [0.0f32, 2.0, 1.0, 2.0];
         let mut c = Vec::new();
-        route(
+        let mut r = Ranking::default();
+        r.route(
             &logits,
             Routing::SoftmaxTopK { renormalize: false },
             2,
@@ -241,12 +266,19 @@ mod tests {
         assert_eq!((c[0].0, c[1].0), (1, 3));
         assert!((c[0].1 as f64 - 2f64.exp() / z).abs() < 1e-6);
         c.clear();
-        route(
+        r.route(
             &logits,
             Routing::SoftmaxTopK { renormalize: true },
             2,
             &mut c,
         );
         assert!((c[0].1 - 0.5).abs() < 1e-6 && (c[1].1 - 0.5).abs() < 1e-6);
+        // gpt-oss: the top k logits, then a softmax over those k only.
+        c.clear();
+        r.route(&[0.0, 3.0, 1.0, -1.0], Routing::TopKSoftmax, 2, &mut c);
+        let w1 = 1.0 / (1.0 + (-2.0f64).exp());
+        assert_eq!((c[0].0, c[1].0), (1, 2));
+        assert!((c[0].1 as f64 - w1).abs() < 1e-6, "{c:?}");
+        assert!((c[1].1 as f64 - (1.0 - w1)).abs() < 1e-6, "{c:?}");
     }
 }
