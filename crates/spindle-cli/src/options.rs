@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use spindle_engine::SamplerConfig;
+use spindle_kernels::quant::q8_act::ActRounding;
 use spindle_model::tokenizer::Tokenizer;
 use spindle_model::{KvCache, KvType, LoadedModel, Model};
 use spindle_plan::{Device, EngineProfile, KvType as PlanKv, ModelShape, PlanRequest};
@@ -35,6 +36,12 @@ pub struct ModelArgs {
     /// biases and block scales only).
     #[arg(long = "check-weights")]
     pub check_weights: bool,
+    /// How activations are rounded to int8 for quantized weights: block32
+    /// (one scale per 32 values, the most exact; default) or ggml (one per
+    /// 256 for K-quants and i-quants, as llama.cpp does: for comparing the
+    /// two engines number for number).
+    #[arg(long = "act-rounding", default_value = "block32")]
+    pub act_rounding: ActRounding,
 }
 
 impl ModelArgs {
@@ -81,8 +88,10 @@ impl ModelArgs {
                 start.elapsed().as_secs_f64()
             );
         }
-        spindle_model::load(&path, self.threads())
-            .with_context(|| format!("cannot load {}", path.display()))
+        let mut loaded = spindle_model::load(&path, self.threads())
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        loaded.model.set_act_rounding(self.act_rounding);
+        Ok(loaded)
     }
 
     /// The context to size the KV cache for: `--ctx`, else `default`, else

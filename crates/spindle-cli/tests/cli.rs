@@ -261,6 +261,18 @@ fn bad_arguments_are_clear() {
         ],
         "not one of auto, ngram",
     );
+    fails_with(
+        &[
+            "score",
+            "-m",
+            m.to_str().unwrap(),
+            "--ids",
+            "1,2",
+            "--act-rounding",
+            "q8k",
+        ],
+        "use block32 (the default) or ggml",
+    );
     // gemma3's tiny KV rows have 16 values: not whole q8_0 blocks.
     let g = tiny("gemma3").join("model.gguf");
     fails_with(
@@ -302,6 +314,39 @@ fn score_on_token_ids_of_a_tiny_model() {
         let top = p["top"].as_array().unwrap();
         assert_eq!(top.len(), 3);
         assert!(top[0]["logprob"].as_f64().unwrap() >= lp);
+    }
+}
+
+/// `--act-rounding ggml` reaches the kernels: on a quantized model the
+/// log-probs move (f16 activation scales for Q4_0/Q8_0), by rounding only.
+#[test]
+fn act_rounding_ggml_changes_only_the_rounding() {
+    let m = tiny("qwen3moe").join("model-quant.gguf");
+    let logprobs = |rounding: &str| -> Vec<f64> {
+        let o = spindle(&[
+            "score",
+            "-m",
+            m.to_str().unwrap(),
+            "--ids",
+            "5,17,99,3,42,7",
+            "--act-rounding",
+            rounding,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["logprob"].as_f64().unwrap())
+            .collect()
+    };
+    let (exact, ggml) = (logprobs("block32"), logprobs("ggml"));
+    assert_eq!(exact.len(), 5);
+    assert_ne!(exact, ggml, "ggml rounding left every log-prob unchanged");
+    for (a, b) in exact.iter().zip(&ggml) {
+        assert!((a - b).abs() < 5e-2, "{a} vs {b}");
     }
 }
 

@@ -34,11 +34,13 @@ pub enum GgmlType {
     IQ3_S,
     IQ1_S,
     IQ1_M,
+    Q1_0,
+    Q2_0,
 }
 
 impl GgmlType {
     /// All types Spindle can compute with.
-    pub const ALL: [GgmlType; 25] = [
+    pub const ALL: [GgmlType; 27] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -64,6 +66,8 @@ impl GgmlType {
         GgmlType::IQ3_S,
         GgmlType::IQ1_S,
         GgmlType::IQ1_M,
+        GgmlType::Q1_0,
+        GgmlType::Q2_0,
     ];
 
     /// The type for a GGUF type id, or `None` when Spindle does not support it.
@@ -94,6 +98,8 @@ impl GgmlType {
             21 => GgmlType::IQ3_S,
             19 => GgmlType::IQ1_S,
             29 => GgmlType::IQ1_M,
+            41 => GgmlType::Q1_0,
+            42 => GgmlType::Q2_0,
             _ => return None,
         })
     }
@@ -126,6 +132,8 @@ impl GgmlType {
             GgmlType::IQ3_S => 21,
             GgmlType::IQ1_S => 19,
             GgmlType::IQ1_M => 29,
+            GgmlType::Q1_0 => 41,
+            GgmlType::Q2_0 => 42,
         }
     }
 
@@ -140,6 +148,8 @@ impl GgmlType {
             | GgmlType::Q5_1
             | GgmlType::IQ4_NL
             | GgmlType::MXFP4 => 32,
+            GgmlType::Q2_0 => 64,
+            GgmlType::Q1_0 => 128,
             GgmlType::Q2_K
             | GgmlType::Q3_K
             | GgmlType::Q4_K
@@ -164,7 +174,7 @@ impl GgmlType {
             GgmlType::F32 => 4,
             GgmlType::F16 | GgmlType::BF16 => 2,
             GgmlType::Q8_0 => 34,
-            GgmlType::Q4_0 | GgmlType::IQ4_NL => 18,
+            GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q1_0 | GgmlType::Q2_0 => 18,
             GgmlType::Q4_1 => 20,
             GgmlType::Q5_0 => 22,
             GgmlType::Q5_1 => 24,
@@ -223,6 +233,8 @@ impl GgmlType {
             GgmlType::IQ3_S => "IQ3_S",
             GgmlType::IQ1_S => "IQ1_S",
             GgmlType::IQ1_M => "IQ1_M",
+            GgmlType::Q1_0 => "Q1_0",
+            GgmlType::Q2_0 => "Q2_0",
         }
     }
 }
@@ -301,6 +313,7 @@ const TYPE_TABLE: &[TypeInfo] = &[
     t(39, "MXFP4", 32, 17),
     t(40, "NVFP4", 64, 36),
     t(41, "Q1_0", 128, 18),
+    t(42, "Q2_0", 64, 18),
 ];
 
 const fn t(id: u32, name: &'static str, block_len: u64, block_bytes: u64) -> TypeInfo {

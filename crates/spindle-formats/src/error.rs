@@ -77,8 +77,8 @@ pub enum FormatError {
     #[error(
         "tensor '{tensor}' has type {type_name}, which Spindle cannot compute with; \
          supported types are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K to Q6_K, \
-         IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 \
-         and MXFP4: use a model quantized to one of these (e.g. Q4_K_M or Q8_0)"
+         IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, \
+         Q1_0, Q2_0 and MXFP4: use a model quantized to one of these (e.g. Q4_K_M or Q8_0)"
     )]
     UnsupportedType { tensor: String, type_name: String },
 

@@ -29,10 +29,10 @@
 use crate::error::KernelError;
 use crate::quant::decoded::{self, ByDecode};
 use crate::quant::multi_row::{self, ActGroup, PackActsFn, QuantJob, QuantRangeFn, MR};
-use crate::quant::q8_act::{ActFormat, ActRow, QuantizedActs};
+use crate::quant::q8_act::{ActFormat, ActRounding, ActRow, QuantizedActs};
 use crate::quant::{block32, checked_bytes, float, q4_0, q4_k, q5_0, q5_k, q6_k, q8_0};
 use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs};
-use crate::quant::{iq4_nl, iq4_xs, mxfp4, q2_k, q3_k, q4_1, q5_1, tq1_0, tq2_0};
+use crate::quant::{iq4_nl, iq4_xs, mxfp4, q1_0, q2_0, q2_k, q3_k, q4_1, q5_1, tq1_0, tq2_0};
 use crate::simd::{detected_isa, Isa};
 use crate::threadpool::ThreadPool;
 use spindle_formats::GgmlType;
@@ -113,6 +113,20 @@ pub fn matmul_with_isa(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    matmul_with(isa, ActRounding::default(), w, x, n, out, pool)
+}
+
+/// [`matmul_with_isa`] with activations rounded as `rounding` says (for
+/// quantized weights; float weights always multiply f32 activations).
+pub fn matmul_with(
+    isa: Isa,
+    rounding: ActRounding,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
     let row_bytes = w.validate()?;
     let in_len = n
         .checked_mul(w.cols)
@@ -184,6 +198,7 @@ pub fn matmul_with_isa(
             }
         }
         Kernel::Quant(format, one_row, multi) => {
+            let format = rounding.format_for(w.ty).unwrap_or(format);
             with_scratch(
                 &ACTS,
                 QuantizedActs::new,
@@ -362,6 +377,8 @@ fn decoded_kernel(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
         GgmlType::IQ3_S => kernels!(iq3_s::Iq3S),
         GgmlType::IQ1_S => kernels!(iq1_s::Iq1S),
         GgmlType::IQ1_M => kernels!(iq1_m::Iq1M),
+        GgmlType::Q1_0 => kernels!(q1_0::Q1_0),
+        GgmlType::Q2_0 => kernels!(q2_0::Q2_0),
         _ => return Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
     };
     Ok(Kernel::Quant(ActFormat::Block32, one_row, multi))

@@ -102,3 +102,49 @@ fn bsums_and_round_trip() {
     assert!(q.quantize(ActFormat::Block32, &x[..10], 1, 10).is_err());
     assert!(q.quantize(ActFormat::Block32, &x[..64], 1, 32).is_err());
 }
+
+/// ggml's Q8_K rounding: one scale per 256 values, `max|x| / 127` of the
+/// group, repeated for its 8 blocks; the same bits on every ISA; values
+/// within half a step; rows not a multiple of 256 refused.
+#[test]
+fn super256_shares_one_scale_per_256_values() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let (n, cols) = (4, 768);
+    let mut x = random_acts(&mut rng, n, cols);
+    x[300] = 40.0; // an outlier: its whole group gets the coarse scale
+    let format = ActFormat::Super256;
+    let mut first = None;
+    for isa in available_isas() {
+        let mut q = QuantizedActs::new();
+        q.quantize_with_isa(isa, format, &x, n, cols).unwrap();
+        let snap = snapshot(&q);
+        match &first {
+            None => first = Some(snap),
+            Some(f) => assert!(f == &snap, "Super256: {isa} differs"),
+        }
+    }
+    let mut q = QuantizedActs::new();
+    q.quantize(format, &x, n, cols).unwrap();
+    let mut deq = vec![0.0f32; cols];
+    for i in 0..n {
+        let r = q.row(i).unwrap();
+        assert_eq!(r.d.len(), cols / 32);
+        assert_eq!(r.bsums.len(), cols / 32);
+        for (g, xg) in x[i * cols..(i + 1) * cols].chunks_exact(256).enumerate() {
+            let amax = xg.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for b in 0..8 {
+                assert_eq!(r.d[8 * g + b], amax / 127.0, "row {i} group {g} block {b}");
+            }
+        }
+        for (s, run) in r.bsums.iter().zip(r.qs.chunks_exact(32)) {
+            assert_eq!(*s as i32, run.iter().map(|&v| v as i32).sum::<i32>());
+        }
+        q.dequantize_row(i, &mut deq).unwrap();
+        for (k, (a, c)) in x[i * cols..(i + 1) * cols].iter().zip(&deq).enumerate() {
+            assert!((a - c).abs() <= 0.501 * r.d[k / 32] + 1e-30);
+        }
+    }
+    assert_eq!(q.row(0).unwrap().d[8], 40.0 / 127.0);
+    assert!(q.quantize(format, &x[..512], 2, 256).is_ok());
+    assert!(q.quantize(format, &x[..640], 1, 640).is_err());
+}

@@ -7,8 +7,8 @@ mod common;
 use common::{random_acts, random_weights};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spindle_kernels::matmul::matmul_with_isa;
-use spindle_kernels::quant::q8_act::{ActFormat, QuantizedActs};
+use spindle_kernels::matmul::{matmul_with, matmul_with_isa};
+use spindle_kernels::quant::q8_act::{ActFormat, ActRounding, QuantizedActs};
 use spindle_kernels::simd::{available_isas, detected_isa, Isa};
 use spindle_kernels::{dequantize, matmul, GgmlType, KernelError, ThreadPool, WeightView};
 
@@ -18,14 +18,22 @@ fn col_cases(ty: GgmlType) -> &'static [usize] {
     match ty.block_len() {
         1 => &[1, 7, 31, 33, 100, 640],
         32 => &[32, 96, 192, 224, 288, 416, 640],
+        64 => &[64, 192, 640, 2304],
+        128 => &[128, 384, 640, 2304],
         _ => &[256, 768, 2304],
     }
 }
 
 /// The activations the kernel actually multiplies with: quantized then
 /// dequantized for quantized weights, as given for float weights.
-fn effective_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Vec<f32> {
-    let Some(format) = ActFormat::for_weights(ty) else {
+fn effective_acts(
+    ty: GgmlType,
+    rounding: ActRounding,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let Some(format) = rounding.format_for(ty) else {
         return x.to_vec();
     };
     let mut q = QuantizedActs::new();
@@ -34,12 +42,18 @@ fn effective_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Vec<f32> {
     for (i, row) in out.chunks_exact_mut(cols).enumerate() {
         q.dequantize_row(i, row).unwrap();
     }
-    // Quantization error is at most half a step of the block's scale.
-    let bl = format.block_len();
+    // Quantization error is at most half a step of the scale's group (plus,
+    // for f16 scales, 127 times the scale's rounding, 2^-11 of it).
+    let bl = format.scale_len();
+    let steps = if format == ActFormat::Block32F16 {
+        0.501 + 127.0 / 2048.0
+    } else {
+        0.501
+    };
     for (xb, qb) in x.chunks_exact(bl).zip(out.chunks_exact(bl)) {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         for (a, b) in xb.iter().zip(qb) {
-            assert!((a - b).abs() <= 0.501 * amax / 127.0 + 1e-30, "{a} vs {b}");
+            assert!((a - b).abs() <= steps * amax / 127.0 + 1e-30, "{a} vs {b}");
         }
     }
     out
@@ -74,12 +88,30 @@ impl Weights {
         out
     }
 
+    fn run_rounded(
+        &self,
+        isa: Isa,
+        rounding: ActRounding,
+        x: &[f32],
+        n: usize,
+        pool: &ThreadPool,
+    ) -> Vec<f32> {
+        let mut out = vec![f32::NAN; n * self.rows];
+        matmul_with(isa, rounding, &self.view(), x, n, &mut out, pool).unwrap();
+        out
+    }
+
     /// Checks `got` (n x rows) against an f64 reference.
     fn check_reference(&self, x: &[f32], n: usize, got: &[f32], what: &str) {
+        self.check_rounded(ActRounding::default(), x, n, got, what)
+    }
+
+    /// [`Weights::check_reference`] for activations rounded as `rounding`.
+    fn check_rounded(&self, rounding: ActRounding, x: &[f32], n: usize, got: &[f32], what: &str) {
         let (ty, rows, cols) = (self.ty, self.rows, self.cols);
         let mut wf = vec![0.0f32; rows * cols];
         dequantize(ty, &self.data, &mut wf).unwrap();
-        let a = effective_acts(ty, x, n, cols);
+        let a = effective_acts(ty, rounding, x, n, cols);
         for i in 0..n {
             let ar = &a[i * cols..(i + 1) * cols];
             for r in 0..rows {
@@ -153,6 +185,50 @@ fn matches_reference_on_every_isa() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// llama.cpp's rounding (one activation scale per 256 values for the types
+/// ggml multiplies with Q8_K): the same reference check and the same bits on
+/// every ISA and thread count, and a result that differs from the default
+/// rounding (the option takes effect: f16 scales for the other types).
+#[test]
+fn ggml_rounding_matches_reference_on_every_isa() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let ggml = ActRounding::Ggml;
+    for ty in GgmlType::ALL {
+        if ggml.format_for(ty).is_none() {
+            continue;
+        }
+        let cols = 768;
+        for (rows, n) in [(5, 1), (7, 3), (17, 17)] {
+            let w = Weights::random(&mut rng, ty, rows, cols);
+            let x = random_acts(&mut rng, n, cols);
+            let mut first: Option<Vec<u32>> = None;
+            for isa in available_isas() {
+                for pool in &pools {
+                    let out = w.run_rounded(isa, ggml, &x, n, pool);
+                    w.check_rounded(ggml, &x, n, &out, isa.name());
+                    match &first {
+                        None => first = Some(bits(&out)),
+                        Some(f) => assert_same(
+                            &bits(&out),
+                            f,
+                            format_args!(
+                                "{ty} ggml rounding n={n}: {isa}, {} threads",
+                                pool.n_threads()
+                            ),
+                        ),
+                    }
+                }
+            }
+            let default = bits(&w.run(available_isas()[0], &x, n, &pools[0]));
+            assert!(
+                first.as_ref() != Some(&default),
+                "{ty}: ggml rounding gave the default's result"
+            );
         }
     }
 }

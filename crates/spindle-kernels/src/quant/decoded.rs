@@ -27,7 +27,7 @@ pub(crate) trait BlockDecode {
     /// steps) with `steps * 2 * max|v| * 127 <= 32767`, see
     /// [`multi_row`](super::multi_row).
     const STEPS: usize;
-    /// Values in one storage block: 32, or 256 for super-blocks.
+    /// Values in one storage block: 32, 64, 128 or 256 (a divisor of 256).
     const BLOCK_LEN: usize;
     /// Bytes in one storage block.
     const BLOCK_BYTES: usize;
@@ -94,7 +94,7 @@ impl<T: BlockDecode> MultiRow for ByDecode<T> {
         let count = m.div_ceil(per);
         // SAFETY: blocks `8g..8g + m` lie in the row of `nb` blocks the
         // caller vouches for; storage blocks never straddle a group (`per`
-        // is 1 or 8).
+        // divides 8).
         let bytes = unsafe {
             std::slice::from_raw_parts(row.add(first * T::BLOCK_BYTES), count * T::BLOCK_BYTES)
         };

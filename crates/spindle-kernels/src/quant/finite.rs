@@ -11,6 +11,7 @@ use spindle_formats::GgmlType;
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q1_0 | GgmlType::Q2_0 => &[0],
         GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[0],
         GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],

@@ -20,6 +20,8 @@ pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
 pub mod mxfp4;
+pub mod q1_0;
+pub mod q2_0;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;
@@ -79,6 +81,8 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         GgmlType::IQ3_S => iq3_s::dequantize(src, dst),
         GgmlType::IQ1_S => iq1_s::dequantize(src, dst),
         GgmlType::IQ1_M => iq1_m::dequantize(src, dst),
+        GgmlType::Q1_0 => q1_0::dequantize(src, dst),
+        GgmlType::Q2_0 => q2_0::dequantize(src, dst),
     }
     Ok(())
 }

@@ -1,11 +1,18 @@
 //! Activation quantization: f32 rows to symmetric int8 blocks, the right-hand
 //! side of every quantized matmul.
 //!
-//! One format, [`ActFormat::Block32`], for every quantized weight type: blocks
-//! of 32 values, one f32 scale each (like ggml's Q8_0, with an f32 scale), plus
-//! each block's sum of quantized values. The K types (whose super-blocks are
-//! 256 values) use it too: a scale per 32 values keeps outlier-heavy
-//! activations far more accurate than one per 256 (ggml's Q8_K).
+//! By default one format, [`ActFormat::Block32`], for every quantized weight
+//! type: blocks of 32 values, one f32 scale each (like ggml's Q8_0, with an
+//! f32 scale), plus each block's sum of quantized values. The K types (whose
+//! super-blocks are 256 values) use it too: a scale per 32 values keeps
+//! outlier-heavy activations far more accurate than one per 256 (ggml's Q8_K).
+//!
+//! [`ActRounding::Ggml`] rounds as llama.cpp does instead, for side-by-side
+//! checks: the types ggml multiplies with Q8_K get [`ActFormat::Super256`],
+//! one scale per 256 values, stored in the same per-32 layout (the scale
+//! repeated for each of its 8 blocks), so every kernel reads it unchanged;
+//! the others get [`ActFormat::Block32F16`], whose scales are rounded to f16
+//! as ggml's Q8_0 stores them.
 //!
 //! A block with largest magnitude `amax` gets scale `d = amax / 127` and values
 //! `q = round_ties_even(x * 127 / amax)`, always in `-127..=127` (never -128,
@@ -22,13 +29,28 @@ pub enum ActFormat {
     /// 32 values per f32 scale, with per-32 sums.
     #[default]
     Block32,
+    /// 256 values per f32 scale (ggml's Q8_K rounding), laid out as
+    /// `Block32`: one entry of [`ActRow::d`] and of [`ActRow::bsums`] per 32
+    /// values, the scale repeated across its 8 blocks.
+    Super256,
+    /// `Block32` with each scale rounded to f16 (ggml's Q8_0 and Q8_1
+    /// store theirs so); the values are the same as `Block32`'s.
+    Block32F16,
 }
 
 impl ActFormat {
-    /// Values per scale (and per entry of [`ActRow::bsums`]).
+    /// Values per entry of [`ActRow::d`] and [`ActRow::bsums`] (the layout
+    /// every kernel reads).
     pub fn block_len(self) -> usize {
+        32
+    }
+
+    /// Values that share one scale (what a row's length must be a multiple
+    /// of).
+    pub fn scale_len(self) -> usize {
         match self {
-            ActFormat::Block32 => 32,
+            ActFormat::Block32 | ActFormat::Block32F16 => 32,
+            ActFormat::Super256 => 256,
         }
     }
 
@@ -38,6 +60,70 @@ impl ActFormat {
         match ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
             _ => Some(ActFormat::Block32),
+        }
+    }
+}
+
+/// How activations are rounded to int8 for quantized weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ActRounding {
+    /// One scale per 32 values for every quantized type (the most exact).
+    #[default]
+    Block32,
+    /// As llama.cpp (ggml) rounds: one scale per 256 values for the types it
+    /// multiplies with Q8_K (the K-quants Q2_K..Q6_K, the i-quants but
+    /// IQ4_NL, TQ1_0/TQ2_0), one f16 scale per 32 for the rest. For
+    /// comparing the two engines number for number; coarser on
+    /// outlier-heavy activations.
+    Ggml,
+}
+
+impl ActRounding {
+    /// The activation format weights of type `ty` are multiplied with under
+    /// this rounding, or `None` for float weights.
+    pub fn format_for(self, ty: GgmlType) -> Option<ActFormat> {
+        let default = ActFormat::for_weights(ty)?;
+        Some(match self {
+            ActRounding::Block32 => default,
+            ActRounding::Ggml if ggml_uses_q8_k(ty) => ActFormat::Super256,
+            ActRounding::Ggml => ActFormat::Block32F16,
+        })
+    }
+}
+
+/// Whether ggml's CPU backend multiplies weights of type `ty` with Q8_K
+/// activations (its `vec_dot_type`).
+fn ggml_uses_q8_k(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        Q2_K | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
+            | IQ4_XS
+            | TQ1_0
+            | TQ2_0
+    )
+}
+
+impl std::str::FromStr for ActRounding {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "block32" => Ok(ActRounding::Block32),
+            "ggml" => Ok(ActRounding::Ggml),
+            other => Err(format!(
+                "unknown activation rounding {other:?}: use block32 (the default) or ggml"
+            )),
         }
     }
 }
@@ -97,11 +183,12 @@ impl QuantizedActs {
             return Err(KernelError::unsupported(format!("ISA {isa} on this CPU")));
         }
         let bl = format.block_len();
-        if !cols.is_multiple_of(bl) {
+        let group = format.scale_len();
+        if !cols.is_multiple_of(group) {
             return Err(KernelError::NotBlockAligned {
                 what: "activation row".into(),
                 len: cols,
-                block_len: bl,
+                block_len: group,
             });
         }
         let total = n
@@ -121,20 +208,37 @@ impl QuantizedActs {
         self.d.resize(total / bl, 0.0);
         self.bsums.resize(total / bl, 0);
 
+        // One scale per `group` values into the front of `d`, then spread
+        // over the group's blocks (back to front: a group's entries never
+        // overwrite a scale not yet spread).
+        let groups = total / group;
+        let scales = &mut self.d[..groups];
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX2 availability was checked above.
             Isa::Avx2 | Isa::Avx512Vnni => unsafe {
-                avx2::quantize_blocks(x, &mut self.qs, &mut self.d, bl)
+                avx2::quantize_blocks(x, &mut self.qs, scales, group)
             },
             _ => {
                 for ((xb, qb), d) in x
-                    .chunks_exact(bl)
-                    .zip(self.qs.chunks_exact_mut(bl))
-                    .zip(self.d.iter_mut())
+                    .chunks_exact(group)
+                    .zip(self.qs.chunks_exact_mut(group))
+                    .zip(scales.iter_mut())
                 {
                     *d = quantize_block(xb, qb);
                 }
+            }
+        }
+        if format == ActFormat::Block32F16 {
+            for d in scales.iter_mut() {
+                *d = half::f16::from_f32(*d).to_f32();
+            }
+        }
+        let per_group = group / bl;
+        if per_group > 1 {
+            for g in (0..groups).rev() {
+                let d = self.d[g];
+                self.d[g * per_group..(g + 1) * per_group].fill(d);
             }
         }
         for (run, s) in self.qs.chunks_exact(bl).zip(self.bsums.iter_mut()) {

@@ -78,6 +78,7 @@ pub fn random_weights(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) 
                     GgmlType::Q3_K => &[(108, true)],
                     GgmlType::TQ1_0 => &[(52, true)],
                     GgmlType::TQ2_0 => &[(64, true)],
+                    GgmlType::Q1_0 | GgmlType::Q2_0 => &[(0, true)],
                     GgmlType::MXFP4 => {
                         // A power-of-two scale near 2^-6.
                         block[0] = rng.random_range(115..128);

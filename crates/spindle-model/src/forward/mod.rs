@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use spindle_kernels::activation::{gated, soft_cap};
 use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
+use spindle_kernels::quant::q8_act::ActRounding;
 use spindle_kernels::rope::RopeTable;
 use spindle_kernels::simd::{detected_isa, Isa};
 use spindle_kernels::ThreadPool;
@@ -31,6 +32,8 @@ pub struct Model {
     long_ropes: Option<(usize, Vec<RopeTable>)>,
     pool: ThreadPool,
     isa: Isa,
+    /// How activations are rounded for quantized weights.
+    act_rounding: ActRounding,
     profiling: bool,
     op_times: OpTimes,
     buffers: std::sync::Mutex<PassBuffers>,
@@ -165,6 +168,7 @@ impl Model {
             long_ropes,
             pool: ThreadPool::new(n_threads.max(1)),
             isa: detected_isa(),
+            act_rounding: ActRounding::default(),
             profiling: std::env::var("SPINDLE_PROFILE").is_ok_and(|v| v == "1"),
             op_times: OpTimes::default(),
             buffers: std::sync::Mutex::new(PassBuffers::default()),
@@ -193,6 +197,7 @@ impl Model {
             .collect();
         let mut model = Model::new(config, weights, n_threads);
         model.isa = self.isa;
+        model.act_rounding = self.act_rounding;
         Ok(model)
     }
 
@@ -208,6 +213,17 @@ impl Model {
         }
         self.isa = isa;
         Ok(())
+    }
+
+    /// Rounds activations for quantized weights as `rounding` says
+    /// (default [`ActRounding::Block32`]; [`ActRounding::Ggml`] to compare
+    /// with llama.cpp number for number).
+    pub fn set_act_rounding(&mut self, rounding: ActRounding) {
+        self.act_rounding = rounding;
+    }
+
+    pub fn act_rounding(&self) -> ActRounding {
+        self.act_rounding
     }
 
     /// Turns per-op timing on or off (see [`Model::take_op_times`]).
@@ -490,8 +506,9 @@ impl Model {
     }
 
     fn matmul(&self, m: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
-        spindle_kernels::matmul::matmul_with_isa(
+        spindle_kernels::matmul::matmul_with(
             self.isa,
+            self.act_rounding,
             &m.view(),
             &x[..n * m.cols],
             n,
