@@ -7,8 +7,8 @@
 mod common;
 
 use spindle_engine::decide::{
-    decide, DecideError, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question, RunError,
-    State,
+    decide, Debias, DecideError, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question,
+    RunError, State,
 };
 use spindle_engine::scheduler::{spawn_engine, EngineConfig, EngineHandle};
 use spindle_engine::score::score;
@@ -91,11 +91,16 @@ fn questions() -> Vec<Question> {
 }
 
 fn request(state: State, questions: Vec<Question>, mode: Mode) -> DecisionRequest {
+    debiased(state, questions, mode, Debias::None)
+}
+
+fn debiased(state: State, questions: Vec<Question>, mode: Mode, debias: Debias) -> DecisionRequest {
     DecisionRequest {
         state,
         questions,
         instructions: Some("Answer about the incident above.".into()),
         mode,
+        debias,
     }
 }
 
@@ -295,4 +300,174 @@ fn chat_states_first_token_mode_and_bad_options() {
         DecideError::SameFirstToken { .. }
     ));
     assert_eq!(bad(vec![], Mode::Sum), DecideError::NoQuestions);
+}
+
+/// `label` mode: each listing's letters scored in the one pass equal the
+/// letters scored after that listing alone; with `permute` an option's
+/// log-probability is the mean over the cyclic shifts of its letter's
+/// log-softmax, and option order, other questions alongside and which
+/// letter an option was first given change no probability.
+#[test]
+fn label_mode_one_pass_equals_each_listing_alone_and_permute_is_invariant() {
+    let Some(s) = setup() else { return };
+    let mut kv = s
+        .reference
+        .model
+        .new_kv_cache(s.reference.model.default_kv_type(), 1024, 1);
+    let log_softmax = |raw: &[f64]| -> Vec<f64> {
+        let max = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + raw.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+        raw.iter().map(|r| r - lse).collect()
+    };
+    for debias in [Debias::None, Debias::Permute, Debias::Prior, Debias::Both] {
+        let req = debiased(State::Text(STATE.into()), questions(), Mode::Label, debias);
+        let answers = decide(&s.engine, &s.tok, &s.template, &req).unwrap();
+        let plan = DecisionPlan::new(&req, &s.tok, &s.template, 1024).unwrap();
+        for (q, ((a, listings), priors)) in req.questions.iter().zip(
+            answers
+                .iter()
+                .zip(plan.label_sequences())
+                .zip(plan.prior_sequences()),
+        ) {
+            let n = a.probabilities.len();
+            assert_eq!(listings.len(), if debias.uses_permute() { n } else { 1 });
+            assert_eq!(
+                priors.len(),
+                if debias.uses_prior() {
+                    listings.len()
+                } else {
+                    0
+                }
+            );
+            // The log-probs of each letter after `before`, scored alone.
+            let mut letters_after = |before: &[u32], letters: &[u32]| -> Vec<f64> {
+                let raw: Vec<f64> = letters
+                    .iter()
+                    .map(|&l| {
+                        let mut seq = before.to_vec();
+                        seq.push(l);
+                        score(&s.reference.model, &mut kv, &seq, 0)
+                            .unwrap()
+                            .last()
+                            .unwrap()
+                            .logprob
+                    })
+                    .collect();
+                log_softmax(&raw)
+            };
+            let mut mean = vec![0.0f64; n];
+            for (j, (suffix, letters)) in listings.iter().enumerate() {
+                let mut all = plan.prompt.clone();
+                all.extend(suffix);
+                let mut lp = letters_after(&all, letters);
+                if let Some((cf, cf_letters)) = priors.get(j) {
+                    assert_eq!(cf_letters, letters);
+                    assert!(
+                        !cf.windows(5).any(|w| w == &plan.prompt[1..6]),
+                        "the state leaks"
+                    );
+                    let prior = letters_after(cf, cf_letters);
+                    let diff: Vec<f64> = lp.iter().zip(&prior).map(|(a, b)| a - b).collect();
+                    lp = log_softmax(&diff);
+                }
+                for (m, l) in mean.iter_mut().zip(&lp) {
+                    *m += l / listings.len() as f64;
+                }
+            }
+            let max = mean.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + mean.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+            for (i, (label, lp)) in a.logprobs.iter().enumerate() {
+                assert!(
+                    (lp - (mean[i] - lse)).abs() < 1e-6,
+                    "{debias:?} {}: {label} {lp} against {}",
+                    q.id,
+                    mean[i] - lse
+                );
+            }
+            assert_eq!(Some(a.confidence), a.probability(&a.selected));
+        }
+        // Options rotated (so each gets another letter in the order asked)
+        // and asked alone: the same probabilities.
+        for (i, q) in questions().into_iter().enumerate() {
+            let mut q = q;
+            if !q.options.is_empty() {
+                q.options.rotate_left(1);
+            }
+            let alone = decide(
+                &s.engine,
+                &s.tok,
+                &s.template,
+                &debiased(State::Text(STATE.into()), vec![q], Mode::Label, debias),
+            )
+            .unwrap();
+            for (label, p) in &answers[i].probabilities {
+                let other = alone[0].probability(label).unwrap();
+                assert!((p - other).abs() < 1e-6, "{label}: {p} against {other}");
+            }
+        }
+    }
+}
+
+/// A one-token option among longer ones: `sum` hands it nearly all the
+/// probability for its length alone (the issue's example); `label` with
+/// `permute` scores letters, so length cannot pay.
+#[test]
+fn a_one_token_option_is_not_favoured_for_its_length_in_label_mode() {
+    let Some(s) = setup() else { return };
+    let state = "Alert: payments-api error rate 38% since the 08:02 deploy. \
+                 Customers report checkout failures.";
+    let q = vec![choice(
+        "next_action",
+        &["inspect_logs", "check_deployment", "page_team", "stop"],
+    )];
+    let tokens = |o: &str| s.tok.encode(&format!(" {o}"), false, false).unwrap().len();
+    assert_eq!(tokens("stop"), 1);
+    assert!(["inspect_logs", "check_deployment", "page_team"]
+        .iter()
+        .all(|o| tokens(o) >= 3));
+    let p_stop = |mode, debias| {
+        let req = debiased(State::Text(state.into()), q.clone(), mode, debias);
+        decide(&s.engine, &s.tok, &s.template, &req).unwrap()[0]
+            .probability("stop")
+            .unwrap()
+    };
+    let sum = p_stop(Mode::Sum, Debias::None);
+    let label = p_stop(Mode::Label, Debias::Permute);
+    assert!(sum > 0.99, "sum: {sum}");
+    assert!(label < 0.5, "label/permute: {label}");
+}
+
+#[test]
+fn label_mode_errors_name_the_problem() {
+    let Some(s) = setup() else { return };
+    let plan = |req: &DecisionRequest| DecisionPlan::new(req, &s.tok, &s.template, 1024).err();
+    let text = || State::Text(STATE.into());
+    assert_eq!(
+        plan(&debiased(text(), questions(), Mode::Sum, Debias::Permute)),
+        Some(DecideError::DebiasNeedsLabel("permute"))
+    );
+    let many: Vec<String> = (0..27).map(|i| format!("option {i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert_eq!(
+        plan(&debiased(
+            text(),
+            vec![choice("pick", &many)],
+            Mode::Label,
+            Debias::None
+        )),
+        Some(DecideError::TooManyLabels {
+            id: "pick".into(),
+            n: 27
+        })
+    );
+    // 26 options: every letter is one token.
+    assert_eq!(
+        plan(&debiased(
+            text(),
+            vec![choice("pick", &many[..26])],
+            Mode::Label,
+            Debias::None
+        )),
+        None
+    );
 }

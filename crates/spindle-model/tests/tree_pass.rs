@@ -454,3 +454,56 @@ fn q8_0_kv_keeps_the_one_pass_rule_and_stays_close() {
         );
     }
 }
+
+/// A root row placed before the end of the committed context branches from
+/// there: it and its descendants see only the first `pos` committed
+/// positions (a content-free prompt beside the real one, in one pass), bit
+/// for bit what that prefix alone gives, while rows after the whole context
+/// in the same pass are unchanged.
+#[test]
+fn a_branch_from_an_earlier_position_sees_only_that_prefix() {
+    for arch in ["gemma3", "llama", "qwen3moe"] {
+        let (_, path) = sources(arch)[1].clone();
+        let m = load(&path, 2);
+        let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 200).collect();
+        let branch = [7u32, 8, 9];
+        let mut cache = kv(&m, 256);
+        let seq = committed(&m, &mut cache, &prompt);
+        let mut b = Batch::new();
+        b.push_chain(seq, prompt.len(), &[4, 5], |i| i == 1);
+        b.push_chain(seq, 3, &branch, |i| i == 2);
+        let logits = m.model.forward(&b, &mut cache).unwrap();
+        assert_eq!(
+            logits.row(4).unwrap(),
+            &alone(&m, &prompt[..3], &branch)[..],
+            "{arch}: the branch"
+        );
+        assert_eq!(
+            logits.row(1).unwrap(),
+            &alone(&m, &prompt, &[4, 5])[..],
+            "{arch}: the rows after the whole context"
+        );
+        // From position 0: nothing committed is seen.
+        let mut b = Batch::new();
+        b.push_chain(seq, 0, &branch, |i| i == 2);
+        let from_zero = m.model.forward(&b, &mut cache).unwrap();
+        assert_eq!(
+            from_zero.row(2).unwrap(),
+            &alone(&m, &[], &branch)[..],
+            "{arch}"
+        );
+    }
+    // A long context whose sliding layers dropped early blocks: a branch
+    // from the start is an error, not a panic (or, if kept, exact).
+    let (_, path) = sources("gemma3")[1].clone();
+    let m = load(&path, 1);
+    let prompt: Vec<u32> = (0..200).map(|i| (i * 13 + 1) % 200).collect();
+    let mut cache = kv(&m, 256);
+    let seq = committed(&m, &mut cache, &prompt);
+    let mut b = Batch::new();
+    b.push_chain(seq, 2, &[7, 8], |i| i == 1);
+    match m.model.forward(&b, &mut cache) {
+        Ok(l) => assert_eq!(l.row(1).unwrap(), &alone(&m, &prompt[..2], &[7, 8])[..]),
+        Err(e) => assert!(e.to_string().contains("no longer keeps"), "{e}"),
+    }
+}

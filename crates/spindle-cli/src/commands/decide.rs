@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use spindle_engine::decide::{
-    decide, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question, State,
+    decide, Debias, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question, State,
 };
 use spindle_engine::scheduler::{spawn_engine, EngineConfig};
 use spindle_model::chat_template::ChatTemplate;
@@ -44,9 +44,16 @@ pub struct DecideArgs {
     /// Said before every question.
     #[arg(long)]
     pub instructions: Option<String>,
-    /// How option tokens combine: sum (default), mean or first_token.
+    /// How options are scored: sum (default), mean, first_token, or label
+    /// (options listed under letters, each scored by its letter).
     #[arg(long, default_value = "sum")]
     pub mode: String,
+    /// With --mode label: none (default), permute (every cyclic shift of
+    /// the options, averaged: no label or position is favoured), prior
+    /// (the letters' probabilities after a content-free state divided
+    /// out) or both.
+    #[arg(long, default_value = "none")]
+    pub debias: String,
     /// Print JSON (the shape `/v1/decide` answers with).
     #[arg(long)]
     pub json: bool,
@@ -100,7 +107,15 @@ fn request(args: &DecideArgs) -> Result<DecisionRequest> {
         "sum" => Mode::Sum,
         "mean" => Mode::Mean,
         "first_token" => Mode::FirstToken,
-        m => bail!("--mode '{m}': give sum, mean or first_token"),
+        "label" => Mode::Label,
+        m => bail!("--mode '{m}': give sum, mean, first_token or label"),
+    };
+    let debias = match args.debias.as_str() {
+        "none" => Debias::None,
+        "permute" => Debias::Permute,
+        "prior" => Debias::Prior,
+        "both" => Debias::Both,
+        d => bail!("--debias '{d}': give none, permute, prior or both"),
     };
     Ok(DecisionRequest {
         state: State::Text(state),
@@ -115,6 +130,7 @@ fn request(args: &DecideArgs) -> Result<DecisionRequest> {
             .collect(),
         instructions: args.instructions.clone(),
         mode,
+        debias,
     })
 }
 

@@ -45,6 +45,9 @@ pub struct DecisionRequest {
     pub instructions: Option<String>,
     #[serde(default)]
     pub mode: Mode,
+    /// How label and position preferences are taken out (`label` mode).
+    #[serde(default)]
+    pub debias: Debias,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -117,7 +120,67 @@ pub enum Mode {
     Mean,
     /// The first token's alone (options must start with distinct tokens).
     FirstToken,
+    /// The options are listed under one-token labels (A, B, C, ...) and
+    /// each is scored by its label's probability as the answer: option
+    /// length stops mattering.
+    Label,
 }
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Sum => "sum",
+            Mode::Mean => "mean",
+            Mode::FirstToken => "first_token",
+            Mode::Label => "label",
+        }
+    }
+}
+
+/// How `label` mode takes out the model's preference for some labels and
+/// positions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Debias {
+    /// One listing, the options in a canonical order (sorted by label).
+    #[default]
+    None,
+    /// The question asked under every cyclic shift of the canonical order
+    /// (each option once at each position and under each label), each
+    /// shift another branch of the same pass; an option's score is its
+    /// mean log-probability over the shifts, so a preference for a label
+    /// or position adds the same to every option and cancels.
+    Permute,
+    /// Each listing also asked after a content-free state ("N/A", as in
+    /// "Calibrate Before Use"), as a branch of the same pass that sees only
+    /// the start of the prompt; the letter probabilities the model gives
+    /// with no evidence are divided out.
+    Prior,
+    /// `permute` and `prior` together.
+    Both,
+}
+
+impl Debias {
+    pub fn name(self) -> &'static str {
+        match self {
+            Debias::None => "none",
+            Debias::Permute => "permute",
+            Debias::Prior => "prior",
+            Debias::Both => "both",
+        }
+    }
+
+    pub fn uses_permute(self) -> bool {
+        matches!(self, Debias::Permute | Debias::Both)
+    }
+
+    pub fn uses_prior(self) -> bool {
+        matches!(self, Debias::Prior | Debias::Both)
+    }
+}
+
+/// The most options a `label` question may have (one label letter each).
+pub const MAX_LABELS: usize = 26;
 
 /// The answer to one question.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -197,6 +260,12 @@ pub enum DecideError {
     SameTokens { id: String, a: String, b: String },
     #[error("question '{id}': the options '{a}' and '{b}' start with the same token; mode first_token needs distinct first tokens (use sum or mean)")]
     SameFirstToken { id: String, a: String, b: String },
+    #[error("question '{id}' has {n} options: mode label takes at most {MAX_LABELS} (one letter each); use sum or mean")]
+    TooManyLabels { id: String, n: usize },
+    #[error("the label '{0}' is not one token for this model, so mode label cannot score it")]
+    LabelTokens(String),
+    #[error("debias {0} needs mode label (the other modes do not list the options)")]
+    DebiasNeedsLabel(&'static str),
     #[error("the state is empty: give the text or messages the decision is about")]
     EmptyState,
     #[error("the decision needs {tokens} tokens (state, questions and options) but the context holds {ctx}")]

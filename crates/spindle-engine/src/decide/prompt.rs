@@ -8,8 +8,8 @@ use spindle_model::tokenizer::Tokenizer;
 
 use super::normalize::normalize;
 use super::{
-    Answer, DecideError, DecisionRequest, Kind, Mode, OptionSpec, Question, State, MAX_OPTIONS,
-    MAX_TREE_TOKENS,
+    Answer, Debias, DecideError, DecisionRequest, Kind, Mode, OptionSpec, Question, State,
+    MAX_LABELS, MAX_OPTIONS, MAX_TREE_TOKENS,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -34,15 +34,28 @@ struct PlannedQuestion {
     /// Tokens of the question's suffix (before any option token).
     suffix: usize,
     /// Per option: indices into the tree's `scored` (its tokens, first
-    /// token first) and into its `ends`.
+    /// token first) and into its `ends`. Empty in `label` mode.
     options: Vec<(Vec<usize>, usize)>,
+    /// `label` mode: per listing (one, or one per cyclic shift), per option
+    /// in the order asked, the index into the tree's `ends` of its label.
+    listings: Vec<Vec<usize>>,
+    /// With `prior`: the same for each listing after the content-free
+    /// state (parallel to `listings`).
+    priors: Vec<Vec<usize>>,
 }
 
-/// The state's tokens, each question's suffix, and how options follow.
+/// The state's tokens, each asked text's suffix, and how options follow.
 struct Tokenized {
     prompt: Vec<u32>,
     suffixes: Vec<Vec<u32>>,
     framing: Framing,
+}
+
+/// A question's texts as asked: one, or in `label` mode one per listing,
+/// with the option (index as asked) at each listed position.
+struct Asked {
+    texts: Vec<String>,
+    orders: Vec<Vec<usize>>,
 }
 
 /// How options are written after a question's suffix, and what closes one.
@@ -63,43 +76,112 @@ impl DecisionPlan {
         ctx: usize,
     ) -> Result<DecisionPlan, DecideError> {
         check_questions(&req.questions)?;
+        if req.mode != Mode::Label && req.debias != Debias::None {
+            return Err(DecideError::DebiasNeedsLabel(req.debias.name()));
+        }
+        let asked: Vec<Asked> = req
+            .questions
+            .iter()
+            .map(|q| asked(req.instructions.as_deref(), q, req.mode, req.debias))
+            .collect::<Result<_, _>>()?;
+        let all_texts: Vec<&str> = asked
+            .iter()
+            .flat_map(|a| a.texts.iter().map(String::as_str))
+            .collect();
         let tok_err =
             |e: spindle_model::tokenizer::TokenizerError| DecideError::Tokenizer(e.to_string());
         let Tokenized {
             prompt,
             suffixes,
             framing,
-        } = match &req.state {
-            State::Text(text) => {
-                if text.trim().is_empty() {
-                    return Err(DecideError::EmptyState);
-                }
-                let prompt = tokenizer.encode(text, true, false).map_err(tok_err)?;
-                let mut suffixes = Vec::new();
-                for q in &req.questions {
-                    let text = format!("\n\n{}", question_text(req.instructions.as_deref(), q));
-                    suffixes.push(tokenizer.encode(&text, false, false).map_err(tok_err)?);
-                }
-                let newline = tokenizer.encode("\n", false, false).map_err(tok_err)?;
-                let framing = Framing {
-                    label_prefix: " ",
-                    end_token: *newline
-                        .first()
-                        .ok_or_else(|| DecideError::Tokenizer("\"\\n\" has no token".into()))?,
-                };
-                Tokenized {
-                    prompt,
-                    suffixes,
-                    framing,
-                }
-            }
-            State::Messages(messages) => chat_prompt(req, messages, tokenizer, template)?,
+        } = tokenize_state(&req.state, &all_texts, tokenizer, template)?;
+        // The content-free state ("N/A" in the state's form) and its own
+        // suffixes, for `prior`: its branch follows only the tokens it
+        // shares with the real prompt (the BOS, a template's header).
+        let content_free = if req.debias.uses_prior() {
+            let cf_state = match &req.state {
+                State::Text(_) => State::Text(CONTENT_FREE.into()),
+                State::Messages(_) => State::Messages(vec![ChatMessage::new("user", CONTENT_FREE)]),
+            };
+            let cf = tokenize_state(&cf_state, &all_texts, tokenizer, template)?;
+            let shared = prompt
+                .iter()
+                .zip(&cf.prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(cf.prompt.len().saturating_sub(1));
+            let own = cf.prompt[shared..].to_vec();
+            Some((shared, own, cf.suffixes.into_iter()))
+        } else {
+            None
         };
+        let mut content_free = content_free;
         let mut tree = ScoreTree::default();
         let mut questions = Vec::new();
         let mut deepest = 0;
-        for (q, suffix) in req.questions.iter().zip(suffixes) {
+        let mut suffixes = suffixes.into_iter();
+        for (q, asked) in req.questions.iter().zip(&asked) {
             let labels = labels(q);
+            if req.mode == Mode::Label {
+                let letters = label_tokens(tokenizer, framing.label_prefix, labels.len())?;
+                let mut children: HashMap<(Option<usize>, u32), usize> = HashMap::new();
+                let mut cf_children: HashMap<(Option<usize>, u32), usize> = HashMap::new();
+                let mut listings = Vec::with_capacity(asked.orders.len());
+                let mut priors = Vec::new();
+                let mut suffix_len = 0;
+                // A chain of tokens in the tree, sharing nodes already made
+                // for the same tokens after the same parent; its last node.
+                let chain = |tree: &mut ScoreTree,
+                             children: &mut HashMap<(Option<usize>, u32), usize>,
+                             tokens: &[u32]|
+                 -> Result<usize, DecideError> {
+                    let mut node = None;
+                    for &t in tokens {
+                        node = Some(*children.entry((node, t)).or_insert_with(|| {
+                            tree.nodes.push((t, node));
+                            tree.nodes.len() - 1
+                        }));
+                    }
+                    node.ok_or_else(|| DecideError::Tokenizer("empty question".into()))
+                };
+                let letter_ends = |tree: &mut ScoreTree, last: usize, order: &[usize]| {
+                    let mut ends = vec![0; order.len()];
+                    for (position, &option) in order.iter().enumerate() {
+                        ends[option] = tree.ends.len();
+                        tree.ends.push((last, letters[position]));
+                    }
+                    ends
+                };
+                for order in &asked.orders {
+                    let suffix = suffixes.next().expect("one suffix per asked text");
+                    // Listings share their common beginning (the question).
+                    let last = chain(&mut tree, &mut children, &suffix)?;
+                    listings.push(letter_ends(&mut tree, last, order));
+                    suffix_len = suffix_len.max(suffix.len());
+                    deepest = deepest.max(suffix.len());
+                    if let Some((shared, own, cf_suffixes)) = content_free.as_mut() {
+                        let cf_suffix = cf_suffixes.next().expect("one suffix per asked text");
+                        let tokens: Vec<u32> = own.iter().chain(&cf_suffix).copied().collect();
+                        let before = tree.nodes.len();
+                        let last = chain(&mut tree, &mut cf_children, &tokens)?;
+                        if tree.nodes.len() > before && tree.nodes[before].1.is_none() {
+                            tree.prefix_roots.push((before, *shared));
+                        }
+                        priors.push(letter_ends(&mut tree, last, order));
+                    }
+                }
+                questions.push(PlannedQuestion {
+                    id: q.id.clone(),
+                    kind: q.kind,
+                    labels,
+                    suffix: suffix_len,
+                    options: Vec::new(),
+                    listings,
+                    priors,
+                });
+                continue;
+            }
+            let suffix = suffixes.next().expect("one suffix per asked text");
             let mut tokens = Vec::with_capacity(labels.len());
             for l in &labels {
                 let t = tokenizer
@@ -152,6 +234,8 @@ impl DecisionPlan {
                 labels,
                 suffix: suffix.len(),
                 options,
+                listings: Vec::new(),
+                priors: Vec::new(),
             });
         }
         if tree.nodes.len() > MAX_TREE_TOKENS {
@@ -175,6 +259,9 @@ impl DecisionPlan {
         self.questions
             .iter()
             .map(|q| {
+                if self.mode == Mode::Label {
+                    return normalize(&q.id, q.kind, &q.labels, &label_scores(q, scores));
+                }
                 let option_scores: Vec<f64> = q
                     .options
                     .iter()
@@ -187,6 +274,7 @@ impl DecisionPlan {
                                 (tokens.iter().sum::<f64>() + scores.ends[*end])
                                     / (tokens.len() + 1) as f64
                             }
+                            Mode::Label => unreachable!("label questions return above"),
                         }
                     })
                     .collect();
@@ -248,9 +336,110 @@ impl DecisionPlan {
             .collect()
     }
 
+    /// For each `label` question: per listing, the tokens after the state
+    /// (the listing's suffix) and the letter token of each option in the
+    /// order asked. Scoring the letters after state + suffix alone gives
+    /// what the tree gives in one pass.
+    pub fn label_sequences(&self) -> Vec<Vec<(Vec<u32>, Vec<u32>)>> {
+        self.questions
+            .iter()
+            .map(|q| {
+                q.listings
+                    .iter()
+                    .map(|ends| {
+                        let mut tokens = Vec::new();
+                        let mut node = Some(self.tree.ends[ends[0]].0);
+                        while let Some(n) = node {
+                            tokens.push(self.tree.nodes[n].0);
+                            node = self.tree.nodes[n].1;
+                        }
+                        tokens.reverse();
+                        let letters = ends.iter().map(|&e| self.tree.ends[e].1).collect();
+                        (tokens, letters)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// For each `label` question with `prior`: per listing, the whole
+    /// content-free sequence its letters follow (the prompt tokens it
+    /// shares, then its own branch) and its letter tokens in the order
+    /// asked.
+    pub fn prior_sequences(&self) -> Vec<Vec<(Vec<u32>, Vec<u32>)>> {
+        self.questions
+            .iter()
+            .map(|q| {
+                q.priors
+                    .iter()
+                    .map(|ends| {
+                        let mut tokens = Vec::new();
+                        let mut node = Some(self.tree.ends[ends[0]].0);
+                        let mut root = 0;
+                        while let Some(n) = node {
+                            tokens.push(self.tree.nodes[n].0);
+                            root = n;
+                            node = self.tree.nodes[n].1;
+                        }
+                        let k = self
+                            .tree
+                            .prefix_roots
+                            .iter()
+                            .find(|&&(r, _)| r == root)
+                            .map_or(self.prompt.len(), |&(_, k)| k);
+                        tokens.extend(self.prompt[..k].iter().rev());
+                        tokens.reverse();
+                        let letters = ends.iter().map(|&e| self.tree.ends[e].1).collect();
+                        (tokens, letters)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Rows the pass runs besides the state: every suffix and option token.
     pub fn tree_rows(&self) -> usize {
         self.tree.nodes.len()
+    }
+}
+
+/// The content-free state `prior` debiasing scores the question after.
+const CONTENT_FREE: &str = "N/A";
+
+/// The state's prompt tokens and the suffix of each asked text.
+fn tokenize_state(
+    state: &State,
+    all_texts: &[&str],
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<Tokenized, DecideError> {
+    let tok_err =
+        |e: spindle_model::tokenizer::TokenizerError| DecideError::Tokenizer(e.to_string());
+    match state {
+        State::Text(text) => {
+            if text.trim().is_empty() {
+                return Err(DecideError::EmptyState);
+            }
+            let prompt = tokenizer.encode(text, true, false).map_err(tok_err)?;
+            let mut suffixes = Vec::new();
+            for asked in all_texts {
+                let text = format!("\n\n{asked}");
+                suffixes.push(tokenizer.encode(&text, false, false).map_err(tok_err)?);
+            }
+            let newline = tokenizer.encode("\n", false, false).map_err(tok_err)?;
+            let framing = Framing {
+                label_prefix: " ",
+                end_token: *newline
+                    .first()
+                    .ok_or_else(|| DecideError::Tokenizer("\"\\n\" has no token".into()))?,
+            };
+            Ok(Tokenized {
+                prompt,
+                suffixes,
+                framing,
+            })
+        }
+        State::Messages(messages) => chat_prompt(all_texts, messages, tokenizer, template),
     }
 }
 
@@ -285,6 +474,108 @@ fn question_text(instructions: Option<&str>, q: &Question) -> String {
     s
 }
 
+/// What `q` is asked as: in `label` mode one listing of the options under
+/// letters per ordering (the canonical order, options sorted by label, and
+/// with `permute` each of its cyclic shifts); else the one question text.
+fn asked(
+    instructions: Option<&str>,
+    q: &Question,
+    mode: Mode,
+    debias: Debias,
+) -> Result<Asked, DecideError> {
+    if mode != Mode::Label {
+        return Ok(Asked {
+            texts: vec![question_text(instructions, q)],
+            orders: Vec::new(),
+        });
+    }
+    let labels = labels(q);
+    let n = labels.len();
+    if n > MAX_LABELS {
+        return Err(DecideError::TooManyLabels {
+            id: q.id.clone(),
+            n,
+        });
+    }
+    let mut canonical: Vec<usize> = (0..n).collect();
+    canonical.sort_by(|&a, &b| labels[a].cmp(&labels[b]));
+    let shifts = if debias.uses_permute() { n } else { 1 };
+    let orders: Vec<Vec<usize>> = (0..shifts)
+        .map(|k| (0..n).map(|p| canonical[(p + k) % n]).collect())
+        .collect();
+    let description = |i: usize| q.options.get(i).and_then(|o| o.description());
+    let texts = orders
+        .iter()
+        .map(|order| {
+            let mut s = String::new();
+            if let Some(i) = instructions.filter(|i| !i.trim().is_empty()) {
+                s.push_str(i.trim());
+                s.push('\n');
+            }
+            let asked = q.question.clone().unwrap_or_else(|| q.id.replace('_', " "));
+            s.push_str(&format!("Question: {}\n", asked.trim()));
+            for (p, &i) in order.iter().enumerate() {
+                let letter = char::from(b'A' + p as u8);
+                match description(i) {
+                    Some(d) => s.push_str(&format!("{letter}. {}: {}\n", labels[i], d.trim())),
+                    None => s.push_str(&format!("{letter}. {}\n", labels[i])),
+                }
+            }
+            s.push_str("Answer:");
+            s
+        })
+        .collect();
+    Ok(Asked { texts, orders })
+}
+
+/// The token of each of the first `n` letters as an answer (after
+/// `prefix`); a letter that is not one token is an error.
+fn label_tokens(tokenizer: &Tokenizer, prefix: &str, n: usize) -> Result<Vec<u32>, DecideError> {
+    (0..n)
+        .map(|p| {
+            let text = format!("{prefix}{}", char::from(b'A' + p as u8));
+            match tokenizer.encode(&text, false, false) {
+                Ok(t) if t.len() == 1 => Ok(t[0]),
+                Ok(_) => Err(DecideError::LabelTokens(text.trim().to_string())),
+                Err(e) => Err(DecideError::Tokenizer(e.to_string())),
+            }
+        })
+        .collect()
+}
+
+/// A `label` question's option scores: per listing, the log-softmax of
+/// the letters' log-probabilities (less, with `prior`, the content-free
+/// listing's: the prior divided out); averaged over the listings.
+fn label_scores(q: &PlannedQuestion, scores: &TreeScores) -> Vec<f64> {
+    let log_softmax = |ends: &[usize]| -> Vec<f64> {
+        let raw: Vec<f64> = ends.iter().map(|&e| scores.ends[e]).collect();
+        let max = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + raw.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+        raw.iter().map(|r| r - lse).collect()
+    };
+    let n = q.labels.len();
+    let mut total = vec![0.0f64; n];
+    for (j, ends) in q.listings.iter().enumerate() {
+        let mut lp = log_softmax(ends);
+        if let Some(prior) = q.priors.get(j) {
+            let cf = log_softmax(prior);
+            let calibrated: Vec<f64> = lp.iter().zip(&cf).map(|(a, b)| a - b).collect();
+            lp = log_softmax_of(&calibrated);
+        }
+        for (t, l) in total.iter_mut().zip(&lp) {
+            *t += l;
+        }
+    }
+    let k = q.listings.len().max(1) as f64;
+    total.iter().map(|t| t / k).collect()
+}
+
+fn log_softmax_of(x: &[f64]) -> Vec<f64> {
+    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + x.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+    x.iter().map(|r| r - lse).collect()
+}
+
 fn labels(q: &Question) -> Vec<String> {
     match q.kind {
         Kind::YesNo => vec!["yes".into(), "no".into()],
@@ -297,7 +588,7 @@ fn labels(q: &Question) -> Vec<String> {
 /// alternate), else in a new user turn; the answer is the assistant's
 /// reply, closed by what the template writes after a reply.
 fn chat_prompt(
-    req: &DecisionRequest,
+    asked_texts: &[&str],
     messages: &[ChatMessage],
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
@@ -338,8 +629,8 @@ fn chat_prompt(
         .map_err(tok_err)?;
     let lead = if ends_with_user { "\n\n" } else { "" };
     let mut suffixes = Vec::new();
-    for q in &req.questions {
-        let asked = format!("{lead}{}", question_text(req.instructions.as_deref(), q));
+    for text in asked_texts {
+        let asked = format!("{lead}{text}");
         let full = render(&with(&asked), true)?;
         let rest = full.strip_prefix(&state).ok_or_else(|| {
             DecideError::Template("the question changes how the state renders".into())

@@ -50,6 +50,10 @@ pub struct ScoreTree {
     /// `(node, token)`: the log-probability of `token` right after `node`
     /// (an end marker that closes an option).
     pub ends: Vec<(usize, u32)>,
+    /// `(root, k)`: root node `root` follows only the prompt's first `k`
+    /// tokens instead of all of it (a branch that does not see the rest,
+    /// e.g. a content-free state beside the real one).
+    pub prefix_roots: Vec<(usize, usize)>,
 }
 
 impl ScoreTree {
@@ -138,6 +142,16 @@ impl Request {
                 let depth = tree.depth().map_err(|e| {
                     RequestError::invalid("questions", format!("the score tree is malformed: {e}"))
                 })?;
+                if let Some(&(node, k)) = tree
+                    .prefix_roots
+                    .iter()
+                    .find(|&&(node, k)| tree.nodes.get(node).is_none_or(|x| x.1.is_some()) || k > n)
+                {
+                    return Err(RequestError::invalid(
+                        "questions",
+                        format!("the score tree's node {node} cannot follow the prompt's first {k} tokens: it must be a root and k at most {n}"),
+                    ));
+                }
                 if let Some(bad) = first_outside(tree.nodes.iter().map(|n| n.0), vocab) {
                     return Err(RequestError::invalid(
                         "questions",

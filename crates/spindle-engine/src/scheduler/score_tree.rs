@@ -51,15 +51,21 @@ pub(crate) fn push_score_tree(
     }
     let prompt_pos = batch.rows[prompt_row].pos;
     for (i, &(token, parent)) in tree.nodes.iter().enumerate() {
-        let (parent_row, pos) = match parent {
-            Some(p) => (first + p, batch.rows[first + p].pos + 1),
-            None => (prompt_row, prompt_pos + 1),
+        let prefix = tree
+            .prefix_roots
+            .iter()
+            .find(|&&(root, _)| root == i)
+            .map(|&(_, k)| k);
+        let (parent_row, pos) = match (parent, prefix) {
+            (Some(p), _) => (Some(first + p), batch.rows[first + p].pos + 1),
+            (None, Some(k)) => (prompt_row_at(batch, prompt_row, k), k),
+            (None, None) => (Some(prompt_row), prompt_pos + 1),
         };
         batch.push(Row {
             token,
             pos,
             seq,
-            parent: Some(parent_row),
+            parent: parent_row,
             logits: wants[i],
         });
     }
@@ -76,6 +82,25 @@ pub(crate) fn push_score_tree(
         rows: first..batch.len(),
         logits_rows,
     }
+}
+
+/// The batch row of the prompt's token at position `k - 1`, found up the
+/// chain that ends at `prompt_row`; `None` when that token is committed
+/// already (or `k` is 0), so a row at position `k` follows the committed
+/// context's first `k` positions directly.
+fn prompt_row_at(batch: &Batch, prompt_row: usize, k: usize) -> Option<usize> {
+    let want = k.checked_sub(1)?;
+    let mut row = Some(prompt_row);
+    while let Some(r) = row {
+        if batch.rows[r].pos == want {
+            return Some(r);
+        }
+        if batch.rows[r].pos < want {
+            return None;
+        }
+        row = batch.rows[r].parent;
+    }
+    None
 }
 
 /// The log-probabilities `tree` asks for, from the pass's logits.
@@ -172,6 +197,7 @@ mod tests {
             nodes: vec![(5, None), (6, Some(0)), (9, Some(1)), (4, Some(0))],
             scored: vec![1, 2, 3],
             ends: vec![(2, 1), (3, 1)],
+            prefix_roots: Vec::new(),
         };
         let placed = push_score_tree(&mut batch, 3, prompt.end - 1, &tree);
         assert_eq!(placed.rows, 2..6);
@@ -185,5 +211,26 @@ mod tests {
         let flags: Vec<bool> = r.iter().map(|r| r.logits).collect();
         assert_eq!(flags, vec![false, false, true, true, true, true]);
         assert_eq!(placed.logits_rows, vec![2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn prefix_roots_branch_from_the_prompt_token_they_follow() {
+        let mut batch = Batch::new();
+        // Positions 10 and 11 in the batch; 0..10 committed.
+        let prompt = batch.push_chain(3, 10, &[7, 8], |_| false);
+        let tree = ScoreTree {
+            nodes: vec![(5, None), (6, None), (9, None), (4, Some(2))],
+            scored: vec![3],
+            ends: vec![(0, 1), (1, 1)],
+            prefix_roots: vec![(0, 11), (1, 4), (2, 0)],
+        };
+        push_score_tree(&mut batch, 3, prompt.end - 1, &tree);
+        let r = &batch.rows;
+        // After the first 11 tokens: the batch row at position 10.
+        assert_eq!((r[2].pos, r[2].parent), (11, Some(0)));
+        // After 4 committed tokens, and after none: roots of their own.
+        assert_eq!((r[3].pos, r[3].parent), (4, None));
+        assert_eq!((r[4].pos, r[4].parent), (0, None));
+        assert_eq!((r[5].pos, r[5].parent), (1, Some(4)));
     }
 }

@@ -284,7 +284,7 @@ impl Model {
 
     fn plan(&self, batch: &Batch, kv: &KvCache) -> Result<Vec<RowPlan>, ModelError> {
         let invalid = |m: String| Err(ModelError::InvalidBatch(m));
-        let mut plans = Vec::with_capacity(batch.len());
+        let mut plans: Vec<RowPlan> = Vec::with_capacity(batch.len());
         for (i, row) in batch.rows.iter().enumerate() {
             let Some(seq) = kv.seq(row.seq) else {
                 return invalid(format!("row {i}: sequence {} does not exist", row.seq));
@@ -295,9 +295,19 @@ impl Model {
                     row.token, self.config.vocab_size
                 ));
             }
-            let want_pos = match row.parent {
-                None => seq.len,
-                Some(p) if p < i && batch.rows[p].seq == row.seq => batch.rows[p].pos + 1,
+            // A root row follows the committed context: all of it, or (a
+            // branch from earlier, e.g. a content-free prompt) its first
+            // `pos` positions; its descendants see what it sees.
+            let (want_pos, ctx_len) = match row.parent {
+                None if row.pos < seq.len => {
+                    self.check_branch_kept(kv, row.seq, row.pos)
+                        .map_err(|m| ModelError::InvalidBatch(format!("row {i}: {m}")))?;
+                    (row.pos, row.pos)
+                }
+                None => (seq.len, seq.len),
+                Some(p) if p < i && batch.rows[p].seq == row.seq => {
+                    (batch.rows[p].pos + 1, plans[p].ctx_len)
+                }
                 Some(p) => {
                     return invalid(format!(
                         "row {i}: parent {p} is not an earlier row of sequence {}",
@@ -319,11 +329,38 @@ impl Model {
                 });
             }
             plans.push(RowPlan {
-                ctx_len: seq.len,
+                ctx_len,
                 path: batch.path(i),
             });
         }
         Ok(plans)
+    }
+
+    /// Whether every layer still holds the committed positions a branch
+    /// from position `pos` of `seq` attends to (sliding layers may have
+    /// dropped blocks further than a window back from the end).
+    fn check_branch_kept(&self, kv: &KvCache, seq: SeqId, pos: usize) -> Result<(), String> {
+        use crate::kv_cache::BLOCK;
+        if pos == 0 {
+            return Ok(());
+        }
+        for l in 0..self.config.n_layers {
+            let from = match self.config.layer_sliding[l] {
+                true => self
+                    .config
+                    .sliding_window
+                    .map_or(0, |w| (pos + 1).saturating_sub(w)),
+                false => 0,
+            };
+            let table = kv.block_table(seq, l);
+            if (from / BLOCK..=(pos - 1) / BLOCK).any(|b| table.get(b).copied().flatten().is_none())
+            {
+                return Err(format!(
+                    "a branch from position {pos} reads KV that layer {l} no longer keeps"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Runs a batch through the model. Writes every row's K/V into the cache's
