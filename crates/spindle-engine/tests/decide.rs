@@ -52,6 +52,8 @@ fn choice(id: &str, options: &[&str]) -> Question {
             .iter()
             .map(|o| OptionSpec::Label(o.to_string()))
             .collect(),
+        instructions: None,
+        criteria: None,
     }
 }
 
@@ -63,6 +65,8 @@ fn questions() -> Vec<Question> {
             kind: Kind::YesNo,
             question: Some("Are customers affected?".into()),
             options: vec![],
+            instructions: None,
+            criteria: None,
         },
         Question {
             id: "next_action".into(),
@@ -77,6 +81,8 @@ fn questions() -> Vec<Question> {
                 OptionSpec::Label("gather_evidence".into()),
                 OptionSpec::Label("wait".into()),
             ],
+            instructions: None,
+            criteria: None,
         },
         Question {
             id: "impact".into(),
@@ -86,6 +92,8 @@ fn questions() -> Vec<Question> {
                 .iter()
                 .map(|o| OptionSpec::Label(o.to_string()))
                 .collect(),
+            instructions: None,
+            criteria: None,
         },
     ]
 }
@@ -470,4 +478,46 @@ fn label_mode_errors_name_the_problem() {
         )),
         None
     );
+}
+
+/// `prior` in any mode: the answer is the undebiased one with the
+/// content-free state's ("N/A") undebiased answer divided out, and that
+/// content-free branch, run inside the same pass, equals asking about "N/A"
+/// on its own.
+#[test]
+fn prior_divides_out_the_content_free_answer_in_every_mode() {
+    let Some(s) = setup() else { return };
+    let qs = vec![
+        choice("severity", &["critical", "high", "medium", "low"]),
+        choice("next_action", &["page_team", "gather_evidence", "wait"]),
+    ];
+    for mode in [Mode::Sum, Mode::Mean, Mode::FirstToken, Mode::Label] {
+        let ask = |state: &str, debias| {
+            let req = debiased(State::Text(state.into()), qs.clone(), mode, debias);
+            decide(&s.engine, &s.tok, &s.template, &req).unwrap()
+        };
+        let (with, plain, free) = (
+            ask(STATE, Debias::Prior),
+            ask(STATE, Debias::None),
+            ask("N/A", Debias::None),
+        );
+        for ((w, p), f) in with.iter().zip(&plain).zip(&free) {
+            let raw: Vec<f64> = p
+                .logprobs
+                .iter()
+                .zip(&f.logprobs)
+                .map(|((_, a), (_, b))| a - b)
+                .collect();
+            let max = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + raw.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+            for ((label, lp), r) in w.logprobs.iter().zip(&raw) {
+                assert!(
+                    (lp - (r - lse)).abs() < 1e-6,
+                    "{mode:?} {}: {label} {lp} against {}",
+                    w.id,
+                    r - lse
+                );
+            }
+        }
+    }
 }

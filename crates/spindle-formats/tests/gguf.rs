@@ -584,7 +584,7 @@ fn tensor_data_past_eof() {
 
 #[test]
 fn unknown_tensor_type_id() {
-    for id in [4u32, 5, 31, 42, 1000, u32::MAX] {
+    for id in [4u32, 5, 31, 43, 1000, u32::MAX] {
         let mut b = sample_builder();
         b.tensors[0].type_id = id;
         let e = err(&b.build());

@@ -7,9 +7,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use serde::Deserialize;
 use serde_json::{json, Value};
-use spindle_engine::decide::{Answer, DecisionPlan, DecisionRequest};
+use spindle_engine::decide::{parse_request, Answer, DecisionPlan, Form};
 use spindle_engine::scheduler::Event;
 use tokio::sync::mpsc;
 
@@ -17,32 +16,35 @@ use crate::error::ApiError;
 use crate::generation::{new_id, submit_error};
 use crate::routes::{check_model, parse, tenant, Shared};
 
-#[derive(Debug, Deserialize)]
-struct DecideBody {
-    model: String,
-    #[serde(flatten)]
-    request: DecisionRequest,
-    #[serde(default)]
-    user: Option<String>,
-}
-
 pub async fn decide(
     State(state): State<Shared>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let started = Instant::now();
-    let body: DecideBody = parse(&body)?;
-    check_model(&state, &body.model)?;
+    let mut value: Value = parse(&body)?;
+    let model = match value.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => return Err(ApiError::invalid("model", "'model' must be a string")),
+        None => return Err(ApiError::invalid("model", "give 'model': the model to ask")),
+    };
+    check_model(&state, &model)?;
+    let user = match value.as_object_mut().and_then(|o| o.remove("user")) {
+        Some(Value::String(u)) => Some(u),
+        Some(_) => return Err(ApiError::invalid("user", "'user' must be a string")),
+        None => None,
+    };
+    let (request, form) =
+        parse_request(value).map_err(|e| ApiError::invalid("questions", e.to_string()))?;
     let plan = DecisionPlan::new(
-        &body.request,
+        &request,
         &state.tokenizer,
         &state.template,
         state.engine.ctx,
     )
     .map_err(|e| ApiError::invalid("questions", e.to_string()))?;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let who = body.user.unwrap_or_else(|| tenant(&headers));
+    let who = user.unwrap_or_else(|| tenant(&headers));
     state
         .engine
         .submit(plan.request(&who, tx))
@@ -78,7 +80,7 @@ pub async fn decide(
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let prompt = plan.prompt.len();
     let tree = plan.tree_rows();
-    Ok(Json(json!({
+    let mut out = json!({
         "id": new_id("decide-"),
         "object": "decision",
         "model": state.model_name,
@@ -89,5 +91,14 @@ pub async fn decide(
             "total_tokens": prompt + tree,
         },
         "timing_ms": started.elapsed().as_secs_f64() * 1e3,
-    })))
+    });
+    if form == Form::Map {
+        out["answers"] = Value::Object(
+            answers
+                .iter()
+                .map(|a| (a.id.clone(), a.to_keyed_json()))
+                .collect(),
+        );
+    }
+    Ok(Json(out))
 }

@@ -8,7 +8,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use spindle_engine::decide::{
-    decide, Debias, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question, State,
+    decide, parse_request, Debias, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question,
+    State,
 };
 use spindle_engine::scheduler::{spawn_engine, EngineConfig};
 use spindle_model::chat_template::ChatTemplate;
@@ -71,7 +72,10 @@ fn request(args: &DecideArgs) -> Result<DecisionRequest> {
         } else {
             std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?
         };
-        return serde_json::from_str(&text)
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not JSON", f.display()))?;
+        return parse_request(value)
+            .map(|(req, _)| req)
             .with_context(|| format!("{} is not a decision request", f.display()));
     }
     let state = match (&args.state, &args.state_file) {
@@ -126,6 +130,8 @@ fn request(args: &DecideArgs) -> Result<DecisionRequest> {
                 kind,
                 question: asked.get(id).cloned(),
                 options,
+                instructions: None,
+                criteria: None,
             })
             .collect(),
         instructions: args.instructions.clone(),

@@ -633,6 +633,49 @@ def _():
     assert r.status_code == 400, r.text
 
 
+@check("/v1/decide: the map form (answers keyed by id), noul, criteria, label mode with debias; malformed ones name the problem")
+def _():
+    state = "The deploy failed and every request returns HTTP 500."
+    body = {"model": MODEL, "state": state, "mode": "label", "debias": "both",
+            "questions": {
+                "next_action": {"type": "choice", "options": ["page_team", "wait", "roll_back"],
+                                "instructions": "Pick the safest action."},
+                "customers_affected": {"type": "noul"},
+                "impact": {"type": "score", "criteria": "how many users are affected"}}}
+    r = raw("/v1/decide", json.dumps(body).encode())
+    assert r.status_code == 200, r.text
+    out = r.json()
+    answers = out["answers"]
+    assert list(answers) == ["next_action", "customers_affected", "impact"], answers
+    for qid, a in answers.items():
+        probs = a["probabilities"]
+        assert abs(sum(probs.values()) - 1.0) < 1e-9, probs
+        assert a["answer"] == max(probs, key=probs.get) and a["confidence"] == probs[a["answer"]], a
+    assert answers["next_action"]["type"] == "choice"
+    noul = answers["customers_affected"]
+    assert noul["type"] == "noul" and noul["probability"] == noul["probabilities"]["yes"], noul
+    assert list(answers["impact"]["probabilities"]) == ["1", "2", "3", "4", "5"], answers["impact"]
+    # The same questions in the list form: the same numbers, no `answers`.
+    listed = {**body, "questions": [{"id": k, "kind": v["type"], **{x: y for x, y in v.items() if x != "type"}}
+                                    for k, v in body["questions"].items()]}
+    r2 = raw("/v1/decide", json.dumps(listed).encode()).json()
+    assert "answers" not in r2
+    for q in r2["questions"]:
+        for k, v in q["probabilities"].items():
+            assert abs(answers[q["id"]]["probabilities"][k] - v) < 1e-9, (q["id"], k)
+    for bad, needle in [
+        ({"questions": {"q": {"options": ["a", "b"]}}}, "'q' has no 'type'"),
+        ({"questions": {"q": 5}}, "'q' must be an object"),
+        ({"questions": {"q": {"type": "noul", "options": ["a", "b"]}}}, "takes no options"),
+        ({"questions": "next_action"}, "list of questions or a map"),
+        ({"questions": {"q": {"type": "yes_no"}}, "mode": "sum", "debias": "permute"}, "needs mode label"),
+        ({"questions": {"q": {"type": "yes_no"}}, "debias": "sometimes"}, "sometimes"),
+    ]:
+        b = {"model": MODEL, "state": state, "mode": "label", **bad}
+        r = raw("/v1/decide", json.dumps(b).encode())
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], (bad, r.status_code, r.text)
+
+
 @check("servers drafting with a draft model and with the model itself equal `spindle run --spec off`")
 def _():
     assert set(DRAFT_URLS) == {"draft", "self"}, DRAFT_URLS

@@ -24,8 +24,11 @@ mod prompt;
 use serde::{Deserialize, Serialize};
 use spindle_model::chat_template::ChatMessage;
 
+mod wire;
+
 pub use normalize::normalize;
 pub use prompt::DecisionPlan;
+pub use wire::{parse_request, Form};
 
 /// The most options a question may have.
 pub const MAX_OPTIONS: usize = 255;
@@ -64,9 +67,17 @@ pub struct Question {
     /// The question as asked (default: the id, underscores as spaces).
     #[serde(default)]
     pub question: Option<String>,
-    /// Choices, or rubric labels lowest first (2 to 255); none for `yes_no`.
+    /// Choices, or rubric labels lowest first (2 to 255); none for `yes_no`
+    /// and `noul`; a `score` without options is rated 1 to 5.
     #[serde(default)]
     pub options: Vec<OptionSpec>,
+    /// Said before this question only (after the request's instructions).
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// For `score`: what is rated (asked as "Rate: ..." when `question` is
+    /// not given).
+    #[serde(default)]
+    pub criteria: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,9 +87,23 @@ pub enum Kind {
     Choice,
     /// `yes` or `no`.
     YesNo,
+    /// `yes` or `no`, answered with the probability of yes as a number
+    /// (`probability`).
+    Noul,
     /// One of rubric labels given lowest first; the answer also gives the
     /// expected position in that order.
     Score,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Choice => "choice",
+            Kind::YesNo => "yes_no",
+            Kind::Noul => "noul",
+            Kind::Score => "score",
+        }
+    }
 }
 
 /// An option: a label, optionally with a description shown to the model.
@@ -197,6 +222,8 @@ pub struct Answer {
     pub confidence: f64,
     /// For `score` questions: the expected position (0 = first label).
     pub expected: Option<f64>,
+    /// The question's kind (a `noul` answer also gives `probability`).
+    pub kind: Kind,
 }
 
 impl Answer {
@@ -223,6 +250,23 @@ impl Answer {
         if let Some(e) = self.expected {
             v["expected"] = serde_json::json!(e);
         }
+        if self.kind == Kind::Noul {
+            v["probability"] = serde_json::json!(self.probability("yes"));
+        }
+        v
+    }
+
+    /// The answer as the map form of a request gets it under `answers`:
+    /// `{"type", "answer", "probabilities", "confidence"}` (with
+    /// `probability` for `noul`, `expected` for `score`).
+    pub fn to_keyed_json(&self) -> serde_json::Value {
+        let mut v = self.to_json();
+        let obj = v.as_object_mut().expect("an object");
+        obj.remove("id");
+        obj.remove("logprobs");
+        let selected = obj.remove("selected").unwrap_or_default();
+        obj.insert("answer".into(), selected);
+        obj.insert("type".into(), serde_json::json!(self.kind.name()));
         v
     }
 
@@ -250,8 +294,10 @@ pub enum DecideError {
         kind: &'static str,
         n: usize,
     },
-    #[error("question '{0}' is yes_no: it takes no options (they are yes and no)")]
+    #[error("question '{0}' is yes_no or noul: it takes no options (they are yes and no)")]
     YesNoOptions(String),
+    #[error("{0}")]
+    Malformed(String),
     #[error("question '{id}' has an empty option (number {index})")]
     EmptyOption { id: String, index: usize },
     #[error("question '{id}' lists the option '{option}' twice")]

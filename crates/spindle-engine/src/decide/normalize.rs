@@ -36,6 +36,7 @@ pub fn normalize(
         logprobs: labels.iter().cloned().zip(logprobs).collect(),
         confidence: probs[best],
         expected,
+        kind,
     })
 }
 

@@ -42,6 +42,9 @@ struct PlannedQuestion {
     /// With `prior`: the same for each listing after the content-free
     /// state (parallel to `listings`).
     priors: Vec<Vec<usize>>,
+    /// With `prior` in the other modes: `options` after the content-free
+    /// state.
+    prior_options: Vec<(Vec<usize>, usize)>,
 }
 
 /// The state's tokens, each asked text's suffix, and how options follow.
@@ -76,7 +79,7 @@ impl DecisionPlan {
         ctx: usize,
     ) -> Result<DecisionPlan, DecideError> {
         check_questions(&req.questions)?;
-        if req.mode != Mode::Label && req.debias != Debias::None {
+        if req.mode != Mode::Label && req.debias.uses_permute() {
             return Err(DecideError::DebiasNeedsLabel(req.debias.name()));
         }
         let asked: Vec<Asked> = req
@@ -178,10 +181,12 @@ impl DecisionPlan {
                     options: Vec::new(),
                     listings,
                     priors,
+                    prior_options: Vec::new(),
                 });
                 continue;
             }
             let suffix = suffixes.next().expect("one suffix per asked text");
+            let mut prior_options = Vec::new();
             let mut tokens = Vec::with_capacity(labels.len());
             for l in &labels {
                 let t = tokenizer
@@ -196,37 +201,43 @@ impl DecisionPlan {
                 tree.nodes.push((t, parent));
                 parent = Some(tree.nodes.len() - 1);
             }
-            let after_suffix = parent;
+            let after_suffix =
+                parent.ok_or_else(|| DecideError::Tokenizer("empty question".into()))?;
             let mut children: HashMap<(Option<usize>, u32), usize> = HashMap::new();
             let mut scored_of: HashMap<usize, usize> = HashMap::new();
-            let mut options = Vec::with_capacity(labels.len());
-            for t in &tokens {
-                let used = if req.mode == Mode::FirstToken {
-                    &t[..1]
+            let mut under = |tree: &mut ScoreTree, after: usize| {
+                options_under(
+                    tree,
+                    after,
+                    &tokens,
+                    req.mode,
+                    framing.end_token,
+                    &mut children,
+                    &mut scored_of,
+                )
+            };
+            let options = under(&mut tree, after_suffix);
+            let longest = tokens.iter().map(|t| {
+                if req.mode == Mode::FirstToken {
+                    1
                 } else {
-                    &t[..]
-                };
-                let mut node = after_suffix;
-                let mut scored = Vec::with_capacity(used.len());
-                for &token in used {
-                    let n = *children.entry((node, token)).or_insert_with(|| {
-                        tree.nodes.push((token, node));
-                        tree.nodes.len() - 1
-                    });
-                    let s = *scored_of.entry(n).or_insert_with(|| {
-                        tree.scored.push(n);
-                        tree.scored.len() - 1
-                    });
-                    scored.push(s);
-                    node = Some(n);
+                    t.len()
                 }
-                let end = tree.ends.len();
-                if req.mode != Mode::FirstToken {
-                    tree.ends
-                        .push((node.expect("options are not empty"), framing.end_token));
+            });
+            deepest = deepest.max(suffix.len() + longest.max().unwrap_or(0));
+            // With `prior`: the same options after the content-free state.
+            if let Some((shared, own, cf_suffixes)) = content_free.as_mut() {
+                let cf_suffix = cf_suffixes.next().expect("one suffix per asked text");
+                let before = tree.nodes.len();
+                let mut node = None;
+                for &t in own.iter().chain(&cf_suffix) {
+                    tree.nodes.push((t, node));
+                    node = Some(tree.nodes.len() - 1);
                 }
-                deepest = deepest.max(suffix.len() + used.len());
-                options.push((scored, end));
+                let last = node.ok_or_else(|| DecideError::Tokenizer("empty question".into()))?;
+                tree.prefix_roots.push((before, *shared));
+                let cf_options = under(&mut tree, last);
+                prior_options.push(cf_options);
             }
             questions.push(PlannedQuestion {
                 id: q.id.clone(),
@@ -236,6 +247,7 @@ impl DecisionPlan {
                 options,
                 listings: Vec::new(),
                 priors: Vec::new(),
+                prior_options: prior_options.pop().unwrap_or_default(),
             });
         }
         if tree.nodes.len() > MAX_TREE_TOKENS {
@@ -262,22 +274,33 @@ impl DecisionPlan {
                 if self.mode == Mode::Label {
                     return normalize(&q.id, q.kind, &q.labels, &label_scores(q, scores));
                 }
-                let option_scores: Vec<f64> = q
-                    .options
-                    .iter()
-                    .map(|(scored, end)| {
-                        let tokens: Vec<f64> = scored.iter().map(|&s| scores.scored[s]).collect();
-                        match self.mode {
-                            Mode::FirstToken => tokens[0],
-                            Mode::Sum => tokens.iter().sum::<f64>() + scores.ends[*end],
-                            Mode::Mean => {
-                                (tokens.iter().sum::<f64>() + scores.ends[*end])
-                                    / (tokens.len() + 1) as f64
+                let scores_of = |options: &[(Vec<usize>, usize)]| -> Vec<f64> {
+                    options
+                        .iter()
+                        .map(|(scored, end)| {
+                            let tokens: Vec<f64> =
+                                scored.iter().map(|&s| scores.scored[s]).collect();
+                            match self.mode {
+                                Mode::FirstToken => tokens[0],
+                                Mode::Sum => tokens.iter().sum::<f64>() + scores.ends[*end],
+                                Mode::Mean => {
+                                    (tokens.iter().sum::<f64>() + scores.ends[*end])
+                                        / (tokens.len() + 1) as f64
+                                }
+                                Mode::Label => unreachable!("label questions return above"),
                             }
-                            Mode::Label => unreachable!("label questions return above"),
-                        }
-                    })
-                    .collect();
+                        })
+                        .collect()
+                };
+                let mut option_scores = log_softmax_of(&scores_of(&q.options));
+                if !q.prior_options.is_empty() {
+                    // The content-free state's own preferences divided out.
+                    let prior = log_softmax_of(&scores_of(&q.prior_options));
+                    option_scores
+                        .iter_mut()
+                        .zip(&prior)
+                        .for_each(|(s, p)| *s -= p);
+                }
                 normalize(&q.id, q.kind, &q.labels, &option_scores)
             })
             .collect()
@@ -403,6 +426,49 @@ impl DecisionPlan {
     }
 }
 
+/// Each option's tokens as a branch under node `after` (options sharing a
+/// first token share its node), every option token scored and, but in
+/// `first_token` mode, the end marker after its last token; per option its
+/// indices into the tree's `scored` and `ends`.
+fn options_under(
+    tree: &mut ScoreTree,
+    after: usize,
+    tokens: &[Vec<u32>],
+    mode: Mode,
+    end_token: u32,
+    children: &mut HashMap<(Option<usize>, u32), usize>,
+    scored_of: &mut HashMap<usize, usize>,
+) -> Vec<(Vec<usize>, usize)> {
+    let mut options = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        let used = if mode == Mode::FirstToken {
+            &t[..1]
+        } else {
+            &t[..]
+        };
+        let mut node = after;
+        let mut scored = Vec::with_capacity(used.len());
+        for &token in used {
+            let n = *children.entry((Some(node), token)).or_insert_with(|| {
+                tree.nodes.push((token, Some(node)));
+                tree.nodes.len() - 1
+            });
+            let s = *scored_of.entry(n).or_insert_with(|| {
+                tree.scored.push(n);
+                tree.scored.len() - 1
+            });
+            scored.push(s);
+            node = n;
+        }
+        let end = tree.ends.len();
+        if mode != Mode::FirstToken {
+            tree.ends.push((node, end_token));
+        }
+        options.push((scored, end));
+    }
+    options
+}
+
 /// The content-free state `prior` debiasing scores the question after.
 const CONTENT_FREE: &str = "N/A";
 
@@ -453,8 +519,12 @@ fn question_text(instructions: Option<&str>, q: &Question) -> String {
         s.push_str(i.trim());
         s.push('\n');
     }
-    let asked = q.question.clone().unwrap_or_else(|| q.id.replace('_', " "));
-    let hint = if q.kind == Kind::YesNo {
+    if let Some(i) = q.instructions.as_deref().filter(|i| !i.trim().is_empty()) {
+        s.push_str(i.trim());
+        s.push('\n');
+    }
+    let asked = asked_question(q);
+    let hint = if matches!(q.kind, Kind::YesNo | Kind::Noul) {
         " (yes or no)"
     } else {
         ""
@@ -508,12 +578,16 @@ fn asked(
         .iter()
         .map(|order| {
             let mut s = String::new();
-            if let Some(i) = instructions.filter(|i| !i.trim().is_empty()) {
-                s.push_str(i.trim());
-                s.push('\n');
+            for i in [instructions, q.instructions.as_deref()]
+                .into_iter()
+                .flatten()
+            {
+                if !i.trim().is_empty() {
+                    s.push_str(i.trim());
+                    s.push('\n');
+                }
             }
-            let asked = q.question.clone().unwrap_or_else(|| q.id.replace('_', " "));
-            s.push_str(&format!("Question: {}\n", asked.trim()));
+            s.push_str(&format!("Question: {}\n", asked_question(q).trim()));
             for (p, &i) in order.iter().enumerate() {
                 let letter = char::from(b'A' + p as u8);
                 match description(i) {
@@ -576,9 +650,20 @@ fn log_softmax_of(x: &[f64]) -> Vec<f64> {
     x.iter().map(|r| r - lse).collect()
 }
 
+/// The question as asked: its text, else a score's criteria, else its id
+/// with underscores as spaces.
+fn asked_question(q: &Question) -> String {
+    match (&q.question, &q.criteria) {
+        (Some(t), _) => t.clone(),
+        (None, Some(c)) => format!("Rate: {c}"),
+        (None, None) => q.id.replace('_', " "),
+    }
+}
+
 fn labels(q: &Question) -> Vec<String> {
     match q.kind {
-        Kind::YesNo => vec!["yes".into(), "no".into()],
+        Kind::YesNo | Kind::Noul => vec!["yes".into(), "no".into()],
+        Kind::Score if q.options.is_empty() => (1..=5).map(|i| i.to_string()).collect(),
         _ => q.options.iter().map(|o| o.label().to_string()).collect(),
     }
 }
@@ -673,10 +758,11 @@ fn check_questions(questions: &[Question]) -> Result<(), DecideError> {
             return Err(DecideError::DuplicateId(q.id.clone()));
         }
         match q.kind {
-            Kind::YesNo if !q.options.is_empty() => {
+            Kind::YesNo | Kind::Noul if !q.options.is_empty() => {
                 return Err(DecideError::YesNoOptions(q.id.clone()))
             }
-            Kind::YesNo => {}
+            Kind::YesNo | Kind::Noul => {}
+            Kind::Score if q.options.is_empty() => {}
             Kind::Choice | Kind::Score => {
                 let n = q.options.len();
                 if !(2..=MAX_OPTIONS).contains(&n) {
