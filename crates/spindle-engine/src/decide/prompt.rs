@@ -623,9 +623,7 @@ fn label_tokens(tokenizer: &Tokenizer, prefix: &str, n: usize) -> Result<Vec<u32
 fn label_scores(q: &PlannedQuestion, scores: &TreeScores) -> Vec<f64> {
     let log_softmax = |ends: &[usize]| -> Vec<f64> {
         let raw: Vec<f64> = ends.iter().map(|&e| scores.ends[e]).collect();
-        let max = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let lse = max + raw.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
-        raw.iter().map(|r| r - lse).collect()
+        log_softmax_of(&raw)
     };
     let n = q.labels.len();
     let mut total = vec![0.0f64; n];
