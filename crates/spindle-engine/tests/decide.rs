@@ -7,8 +7,8 @@
 mod common;
 
 use spindle_engine::decide::{
-    decide, Debias, DecideError, DecisionPlan, DecisionRequest, Kind, Mode, OptionSpec, Question,
-    RunError, State,
+    decide, decide_with, Debias, DecideError, DecisionPlan, DecisionRequest, Kind, Mode,
+    OptionSpec, PriorCache, Question, RunError, State,
 };
 use spindle_engine::scheduler::{spawn_engine, EngineConfig, EngineHandle};
 use spindle_engine::score::score;
@@ -520,4 +520,90 @@ fn prior_divides_out_the_content_free_answer_in_every_mode() {
             }
         }
     }
+}
+
+/// The default (`sum` with `prior`) on a state longer than the model's
+/// sliding window: the content-free branch needs none of the state's KV
+/// (the sliding layers have dropped its first blocks by then), so the
+/// decision still comes from one pass and still divides the prior out.
+#[test]
+fn the_default_prior_works_on_states_longer_than_the_sliding_window() {
+    let Some(s) = setup() else { return };
+    let long = [STATE; 14].join(" ");
+    assert!(s.tok.encode(&long, true, false).unwrap().len() > 520);
+    let qs = vec![choice("severity", &["critical", "high", "medium", "low"])];
+    let req = DecisionRequest {
+        debias: Debias::default(),
+        ..request(State::Text(long.clone()), qs.clone(), Mode::default())
+    };
+    assert_eq!((req.mode, req.debias), (Mode::Sum, Debias::Prior));
+    let with = decide(&s.engine, &s.tok, &s.template, &req).unwrap();
+    let plain = decide(
+        &s.engine,
+        &s.tok,
+        &s.template,
+        &request(State::Text(long), qs.clone(), Mode::Sum),
+    )
+    .unwrap();
+    let free = decide(
+        &s.engine,
+        &s.tok,
+        &s.template,
+        &request(State::Text("N/A".into()), qs, Mode::Sum),
+    )
+    .unwrap();
+    let raw: Vec<f64> = plain[0]
+        .logprobs
+        .iter()
+        .zip(&free[0].logprobs)
+        .map(|((_, a), (_, b))| a - b)
+        .collect();
+    let max = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + raw.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+    for ((label, lp), r) in with[0].logprobs.iter().zip(&raw) {
+        assert!(
+            (lp - (r - lse)).abs() < 1e-6,
+            "{label}: {lp} against {}",
+            r - lse
+        );
+    }
+}
+
+/// Content-free answers kept between decisions: the same questions about a
+/// new state need no content-free branch (fewer rows in the pass) and give
+/// the same probabilities as when the branch runs.
+#[test]
+fn kept_priors_skip_the_content_free_branch_and_change_nothing() {
+    let Some(s) = setup() else { return };
+    let cache = PriorCache::new(16);
+    let qs = questions();
+    let ask = |state: &str, cache: Option<&PriorCache>| {
+        let req = debiased(
+            State::Text(state.into()),
+            qs.clone(),
+            Mode::Sum,
+            Debias::Prior,
+        );
+        let plan = DecisionPlan::with_priors(&req, &s.tok, &s.template, 1024, cache).unwrap();
+        (
+            decide_with(&s.engine, &s.tok, &s.template, &req, cache).unwrap(),
+            plan.tree_rows(),
+        )
+    };
+    let (first, rows_first) = ask(STATE, Some(&cache));
+    assert_eq!(cache.len(), qs.len());
+    let other = "Every dashboard is green and no customer has complained today.";
+    let (kept, rows_kept) = ask(other, Some(&cache));
+    let (fresh, rows_fresh) = ask(other, None);
+    assert!(
+        rows_kept < rows_fresh,
+        "{rows_kept} rows against {rows_fresh}"
+    );
+    assert_eq!(rows_first, rows_fresh);
+    for (a, b) in kept.iter().zip(&fresh) {
+        for ((label, p), (_, q)) in a.probabilities.iter().zip(&b.probabilities) {
+            assert!((p - q).abs() < 1e-12, "{label}: {p} against {q}");
+        }
+    }
+    assert_eq!(first.len(), qs.len());
 }

@@ -36,11 +36,12 @@ pub async fn decide(
     };
     let (request, form) =
         parse_request(value).map_err(|e| ApiError::invalid("questions", e.to_string()))?;
-    let plan = DecisionPlan::new(
+    let plan = DecisionPlan::with_priors(
         &request,
         &state.tokenizer,
         &state.template,
         state.engine.ctx,
+        Some(&state.priors),
     )
     .map_err(|e| ApiError::invalid("questions", e.to_string()))?;
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -76,7 +77,7 @@ pub async fn decide(
     let scores = scores
         .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no scores came back"))?;
     let answers = plan
-        .answers(&scores)
+        .answers_with(&scores, Some(&state.priors))
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let prompt = plan.prompt.len();
     let tree = plan.tree_rows();

@@ -53,6 +53,9 @@ pub struct AppState {
     /// least `b / longest_token` tokens, so an over-long prompt is refused
     /// before it is tokenized.
     pub longest_token: usize,
+    /// Content-free answers of the questions `/v1/decide` was asked
+    /// (`debias: prior`), so a question asked again skips that branch.
+    pub priors: spindle_engine::decide::PriorCache,
 }
 
 impl AppState {
@@ -90,6 +93,7 @@ impl AppState {
             stopping: tokio::sync::watch::Sender::new(false),
             created: generation::now_unix(),
             grammars,
+            priors: spindle_engine::decide::PriorCache::new(4096),
         }
     }
 }

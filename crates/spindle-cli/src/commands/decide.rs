@@ -49,11 +49,10 @@ pub struct DecideArgs {
     /// (options listed under letters, each scored by its letter).
     #[arg(long, default_value = "sum")]
     pub mode: String,
-    /// With --mode label: none (default), permute (every cyclic shift of
-    /// the options, averaged: no label or position is favoured), prior
-    /// (the letters' probabilities after a content-free state divided
-    /// out) or both.
-    #[arg(long, default_value = "none")]
+    /// prior (default: the probabilities the model gives after a
+    /// content-free state divided out), none, permute (--mode label: every
+    /// cyclic shift of the options, averaged) or both.
+    #[arg(long, default_value = "prior")]
     pub debias: String,
     /// Print JSON (the shape `/v1/decide` answers with).
     #[arg(long)]

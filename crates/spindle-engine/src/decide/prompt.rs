@@ -7,6 +7,7 @@ use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
 use super::normalize::normalize;
+use super::prior_cache::{self, PriorCache};
 use super::{
     Answer, Debias, DecideError, DecisionRequest, Kind, Mode, OptionSpec, Question, State,
     MAX_LABELS, MAX_OPTIONS, MAX_TREE_TOKENS,
@@ -45,6 +46,11 @@ struct PlannedQuestion {
     /// With `prior` in the other modes: `options` after the content-free
     /// state.
     prior_options: Vec<(Vec<usize>, usize)>,
+    /// With `prior`: the content-free option log-softmax when a cache had
+    /// it (then there is no content-free branch), else the key to keep it
+    /// under once scored.
+    prior_kept: Option<Vec<f64>>,
+    prior_key: Option<Vec<u32>>,
 }
 
 /// The state's tokens, each asked text's suffix, and how options follow.
@@ -78,6 +84,18 @@ impl DecisionPlan {
         template: &ChatTemplate,
         ctx: usize,
     ) -> Result<DecisionPlan, DecideError> {
+        Self::with_priors(req, tokenizer, template, ctx, None)
+    }
+
+    /// [`DecisionPlan::new`], taking content-free answers (`prior`) from
+    /// `cache` where it has them instead of scoring them again.
+    pub fn with_priors(
+        req: &DecisionRequest,
+        tokenizer: &Tokenizer,
+        template: &ChatTemplate,
+        ctx: usize,
+        cache: Option<&PriorCache>,
+    ) -> Result<DecisionPlan, DecideError> {
         check_questions(&req.questions)?;
         if req.mode != Mode::Label && req.debias.uses_permute() {
             return Err(DecideError::DebiasNeedsLabel(req.debias.name()));
@@ -99,22 +117,17 @@ impl DecisionPlan {
             framing,
         } = tokenize_state(&req.state, &all_texts, tokenizer, template)?;
         // The content-free state ("N/A" in the state's form) and its own
-        // suffixes, for `prior`: its branch follows only the tokens it
-        // shares with the real prompt (the BOS, a template's header).
+        // suffixes, for `prior`: its branch starts at position 0 and sees
+        // nothing of the real prompt (its BOS and a template's header are
+        // its own rows: a few tokens, and no committed block it could need
+        // that a sliding layer has dropped).
         let content_free = if req.debias.uses_prior() {
             let cf_state = match &req.state {
                 State::Text(_) => State::Text(CONTENT_FREE.into()),
                 State::Messages(_) => State::Messages(vec![ChatMessage::new("user", CONTENT_FREE)]),
             };
             let cf = tokenize_state(&cf_state, &all_texts, tokenizer, template)?;
-            let shared = prompt
-                .iter()
-                .zip(&cf.prompt)
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(cf.prompt.len().saturating_sub(1));
-            let own = cf.prompt[shared..].to_vec();
-            Some((shared, own, cf.suffixes.into_iter()))
+            Some((0usize, cf.prompt, cf.suffixes.into_iter()))
         } else {
             None
         };
@@ -182,6 +195,8 @@ impl DecisionPlan {
                     listings,
                     priors,
                     prior_options: Vec::new(),
+                    prior_kept: None,
+                    prior_key: None,
                 });
                 continue;
             }
@@ -225,19 +240,30 @@ impl DecisionPlan {
                 }
             });
             deepest = deepest.max(suffix.len() + longest.max().unwrap_or(0));
-            // With `prior`: the same options after the content-free state.
+            // With `prior`: the same options after the content-free state,
+            // unless the cache has what they score there.
+            let (mut prior_kept, mut prior_key) = (None, None);
             if let Some((shared, own, cf_suffixes)) = content_free.as_mut() {
                 let cf_suffix = cf_suffixes.next().expect("one suffix per asked text");
-                let before = tree.nodes.len();
-                let mut node = None;
-                for &t in own.iter().chain(&cf_suffix) {
-                    tree.nodes.push((t, node));
-                    node = Some(tree.nodes.len() - 1);
+                let branch: Vec<u32> = own.iter().chain(&cf_suffix).copied().collect();
+                let k = prior_cache::key(req.mode as u32, &branch, &tokens);
+                match cache.and_then(|c| c.get(&k)) {
+                    Some(kept) => prior_kept = Some(kept),
+                    None => {
+                        let before = tree.nodes.len();
+                        let mut node = None;
+                        for &t in &branch {
+                            tree.nodes.push((t, node));
+                            node = Some(tree.nodes.len() - 1);
+                        }
+                        let last =
+                            node.ok_or_else(|| DecideError::Tokenizer("empty question".into()))?;
+                        tree.prefix_roots.push((before, *shared));
+                        let cf_options = under(&mut tree, last);
+                        prior_options.push(cf_options);
+                        prior_key = Some(k);
+                    }
                 }
-                let last = node.ok_or_else(|| DecideError::Tokenizer("empty question".into()))?;
-                tree.prefix_roots.push((before, *shared));
-                let cf_options = under(&mut tree, last);
-                prior_options.push(cf_options);
             }
             questions.push(PlannedQuestion {
                 id: q.id.clone(),
@@ -248,6 +274,8 @@ impl DecisionPlan {
                 listings: Vec::new(),
                 priors: Vec::new(),
                 prior_options: prior_options.pop().unwrap_or_default(),
+                prior_kept,
+                prior_key,
             });
         }
         if tree.nodes.len() > MAX_TREE_TOKENS {
@@ -268,6 +296,16 @@ impl DecisionPlan {
     /// The answers, in the order of the questions, from the engine's scores
     /// of [`DecisionPlan::tree`].
     pub fn answers(&self, scores: &TreeScores) -> Result<Vec<Answer>, DecideError> {
+        self.answers_with(scores, None)
+    }
+
+    /// [`DecisionPlan::answers`], keeping the content-free answers this
+    /// pass scored in `cache` for the next decision that asks the same.
+    pub fn answers_with(
+        &self,
+        scores: &TreeScores,
+        cache: Option<&PriorCache>,
+    ) -> Result<Vec<Answer>, DecideError> {
         self.questions
             .iter()
             .map(|q| {
@@ -293,9 +331,21 @@ impl DecisionPlan {
                         .collect()
                 };
                 let mut option_scores = log_softmax_of(&scores_of(&q.options));
-                if !q.prior_options.is_empty() {
+                let prior = match (&q.prior_kept, q.prior_options.is_empty()) {
+                    (Some(kept), _) => Some(kept.clone()),
+                    (None, false) => {
+                        let prior = log_softmax_of(&scores_of(&q.prior_options));
+                        if let (Some(c), Some(k)) = (cache, &q.prior_key) {
+                            if prior.iter().all(|p| p.is_finite()) {
+                                c.insert(k.clone(), prior.clone());
+                            }
+                        }
+                        Some(prior)
+                    }
+                    (None, true) => None,
+                };
+                if let Some(prior) = prior {
                     // The content-free state's own preferences divided out.
-                    let prior = log_softmax_of(&scores_of(&q.prior_options));
                     option_scores
                         .iter_mut()
                         .zip(&prior)
