@@ -418,7 +418,8 @@ fn label_mode_one_pass_equals_each_listing_alone_and_permute_is_invariant() {
 
 /// A one-token option among longer ones: `sum` hands it nearly all the
 /// probability for its length alone (the example); `label` with
-/// `permute` scores letters, so length cannot pay.
+/// `permute` scores letters, so length cannot pay, and the default (blend
+/// with prior) divides the length's cost out.
 #[test]
 fn a_one_token_option_is_not_favoured_for_its_length_in_label_mode() {
     let Some(s) = setup() else { return };
@@ -443,6 +444,10 @@ fn a_one_token_option_is_not_favoured_for_its_length_in_label_mode() {
     let label = p_stop(Mode::Label, Debias::Permute);
     assert!(sum > 0.99, "sum: {sum}");
     assert!(label < 0.5, "label/permute: {label}");
+    // The default divides out what the same options get after a
+    // content-free state, where length costs the same.
+    let default = p_stop(Mode::default(), Debias::default());
+    assert!(default < 0.5, "default: {default}");
 }
 
 #[test]
@@ -522,7 +527,53 @@ fn prior_divides_out_the_content_free_answer_in_every_mode() {
     }
 }
 
-/// The default (`sum` with `prior`) on a state longer than the model's
+/// `blend` is the geometric mean of `sum` and `first_token`, each asked on
+/// its own with the same debias, renormalised; where options share a first
+/// token it is `sum`.
+#[test]
+fn blend_is_the_geometric_mean_of_sum_and_first_token() {
+    let Some(s) = setup() else { return };
+    let distinct = vec![
+        choice("severity", &["critical", "high", "medium", "low"]),
+        choice("next_action", &["page_team", "gather_evidence", "wait"]),
+    ];
+    let ask = |qs: &Vec<Question>, mode, debias| {
+        let req = debiased(State::Text(STATE.into()), qs.clone(), mode, debias);
+        decide(&s.engine, &s.tok, &s.template, &req).unwrap()
+    };
+    for debias in [Debias::None, Debias::Prior] {
+        let blend = ask(&distinct, Mode::Blend, debias);
+        let sum = ask(&distinct, Mode::Sum, debias);
+        let first = ask(&distinct, Mode::FirstToken, debias);
+        for ((b, s), f) in blend.iter().zip(&sum).zip(&first) {
+            let raw: Vec<f64> = s
+                .logprobs
+                .iter()
+                .zip(&f.logprobs)
+                .map(|((_, a), (_, b))| (a + b) / 2.0)
+                .collect();
+            let max = raw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + raw.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+            for ((label, lp), r) in b.logprobs.iter().zip(&raw) {
+                assert!(
+                    (lp - (r - lse)).abs() < 1e-9,
+                    "{debias:?} {}: {label} {lp} against {}",
+                    b.id,
+                    r - lse
+                );
+            }
+        }
+    }
+    // "page" and "page_team" start with the same token: blend is sum there.
+    let shared = vec![choice("c", &["page", "page_team", "wait"])];
+    let blend = ask(&shared, Mode::Blend, Debias::Prior);
+    let sum = ask(&shared, Mode::Sum, Debias::Prior);
+    for ((label, b), (_, s)) in blend[0].logprobs.iter().zip(&sum[0].logprobs) {
+        assert!((b - s).abs() < 1e-12, "{label}: {b} against {s}");
+    }
+}
+
+/// The default debias (`prior`) on a state longer than the model's
 /// sliding window: the content-free branch needs none of the state's KV
 /// (the sliding layers have dropped its first blocks by then), so the
 /// decision still comes from one pass and still divides the prior out.
@@ -532,11 +583,16 @@ fn the_default_prior_works_on_states_longer_than_the_sliding_window() {
     let long = [STATE; 14].join(" ");
     assert!(s.tok.encode(&long, true, false).unwrap().len() > 520);
     let qs = vec![choice("severity", &["critical", "high", "medium", "low"])];
+    assert_eq!(
+        (Mode::default(), Debias::default()),
+        (Mode::Blend, Debias::Prior)
+    );
+    // The default debias under `sum`, whose parts are simplest to check
+    // (blend's are `sum`'s and `first_token`'s: the test above).
     let req = DecisionRequest {
         debias: Debias::default(),
-        ..request(State::Text(long.clone()), qs.clone(), Mode::default())
+        ..request(State::Text(long.clone()), qs.clone(), Mode::Sum)
     };
-    assert_eq!((req.mode, req.debias), (Mode::Sum, Debias::Prior));
     let with = decide(&s.engine, &s.tok, &s.template, &req).unwrap();
     let plain = decide(
         &s.engine,

@@ -23,7 +23,7 @@ fn main() -> Result<()> {
     let mode: Option<Mode> = value_of("--mode")
         .map(|m| serde_json::from_value(serde_json::json!(m)))
         .transpose()
-        .context("--mode: give sum, mean, first_token or label")?;
+        .context("--mode: give blend, sum, mean, first_token or label")?;
     let debias: Option<Debias> = value_of("--debias")
         .map(|d| serde_json::from_value(serde_json::json!(d)))
         .transpose()

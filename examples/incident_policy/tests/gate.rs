@@ -105,8 +105,8 @@ fn fixture_mode_reads_recordings_and_never_falls_through() {
         let d: DecisionJson = serde_json::from_value(recorded.decide(incident).unwrap()).unwrap();
         let sum: f64 = d.questions[0].probabilities.values().sum();
         assert!((sum - 1.0).abs() < 1e-9);
-        // Recorded from Gemma 3 270M under the default scoring (sum with
-        // the prior divided out): it leans to `wait`, at 0.48-0.55, below
+        // Recorded from Gemma 3 270M under the default scoring (blend,
+        // the prior divided out): it leans to `wait`, at 0.46-0.54, below
         // the gather-evidence line, so every incident goes to a human.
         assert_eq!(d.questions[0].selected, "wait", "{}", incident.name);
         assert_eq!(kind(&gate(&d)), "human", "{}", incident.name);

@@ -45,9 +45,10 @@ pub struct DecideArgs {
     /// Said before every question.
     #[arg(long)]
     pub instructions: Option<String>,
-    /// How options are scored: sum (default), mean, first_token, or label
-    /// (options listed under letters, each scored by its letter).
-    #[arg(long, default_value = "sum")]
+    /// How options are scored: blend (default: the geometric mean of sum
+    /// and first_token), sum, mean, first_token, or label (options listed
+    /// under letters, each scored by its letter).
+    #[arg(long, default_value = "blend")]
     pub mode: String,
     /// prior (default: the probabilities the model gives after a
     /// content-free state divided out), none, permute (--mode label: every
@@ -111,7 +112,8 @@ fn request(args: &DecideArgs) -> Result<DecisionRequest> {
         "mean" => Mode::Mean,
         "first_token" => Mode::FirstToken,
         "label" => Mode::Label,
-        m => bail!("--mode '{m}': give sum, mean, first_token or label"),
+        "blend" => Mode::Blend,
+        m => bail!("--mode '{m}': give blend, sum, mean, first_token or label"),
     };
     let debias = match args.debias.as_str() {
         "none" => Debias::None,

@@ -312,29 +312,46 @@ impl DecisionPlan {
                 if self.mode == Mode::Label {
                     return normalize(&q.id, q.kind, &q.labels, &label_scores(q, scores));
                 }
-                let scores_of = |options: &[(Vec<usize>, usize)]| -> Vec<f64> {
-                    options
-                        .iter()
-                        .map(|(scored, end)| {
-                            let tokens: Vec<f64> =
-                                scored.iter().map(|&s| scores.scored[s]).collect();
-                            match self.mode {
-                                Mode::FirstToken => tokens[0],
-                                Mode::Sum => tokens.iter().sum::<f64>() + scores.ends[*end],
-                                Mode::Mean => {
-                                    (tokens.iter().sum::<f64>() + scores.ends[*end])
-                                        / (tokens.len() + 1) as f64
+                // Each part of the mode's score, normalised over the
+                // options (`blend` has two; the others one).
+                let parts_of = |options: &[(Vec<usize>, usize)]| -> Vec<Vec<f64>> {
+                    let first = || -> Vec<f64> {
+                        options.iter().map(|(s, _)| scores.scored[s[0]]).collect()
+                    };
+                    let total = |per_token: bool| -> Vec<f64> {
+                        options
+                            .iter()
+                            .map(|(scored, end)| {
+                                let sum = scored.iter().map(|&s| scores.scored[s]).sum::<f64>()
+                                    + scores.ends[*end];
+                                if per_token {
+                                    sum / (scored.len() + 1) as f64
+                                } else {
+                                    sum
                                 }
-                                Mode::Label => unreachable!("label questions return above"),
-                            }
-                        })
-                        .collect()
+                            })
+                            .collect()
+                    };
+                    let parts = match self.mode {
+                        Mode::FirstToken => vec![first()],
+                        Mode::Sum => vec![total(false)],
+                        Mode::Mean => vec![total(true)],
+                        Mode::Blend if distinct_first_tokens(options) => {
+                            vec![total(false), first()]
+                        }
+                        Mode::Blend => vec![total(false)],
+                        Mode::Label => unreachable!("label questions return above"),
+                    };
+                    parts.iter().map(|p| log_softmax_of(p)).collect()
                 };
-                let mut option_scores = log_softmax_of(&scores_of(&q.options));
-                let prior = match (&q.prior_kept, q.prior_options.is_empty()) {
+                let mut parts = parts_of(&q.options);
+                // The content-free parts, kept flat (part after part) in
+                // the cache.
+                let prior: Option<Vec<f64>> = match (&q.prior_kept, q.prior_options.is_empty()) {
                     (Some(kept), _) => Some(kept.clone()),
                     (None, false) => {
-                        let prior = log_softmax_of(&scores_of(&q.prior_options));
+                        let prior: Vec<f64> =
+                            parts_of(&q.prior_options).into_iter().flatten().collect();
                         if let (Some(c), Some(k)) = (cache, &q.prior_key) {
                             if prior.iter().all(|p| p.is_finite()) {
                                 c.insert(k.clone(), prior.clone());
@@ -346,11 +363,16 @@ impl DecisionPlan {
                 };
                 if let Some(prior) = prior {
                     // The content-free state's own preferences divided out.
-                    option_scores
-                        .iter_mut()
-                        .zip(&prior)
-                        .for_each(|(s, p)| *s -= p);
+                    let n = q.options.len();
+                    for (part, p) in parts.iter_mut().zip(prior.chunks(n)) {
+                        part.iter_mut().zip(p).for_each(|(s, p)| *s -= p);
+                    }
                 }
+                // A geometric mean of the parts (renormalised below).
+                let k = parts.len() as f64;
+                let option_scores: Vec<f64> = (0..q.options.len())
+                    .map(|i| parts.iter().map(|p| p[i]).sum::<f64>() / k)
+                    .collect();
                 normalize(&q.id, q.kind, &q.labels, &option_scores)
             })
             .collect()
@@ -690,6 +712,14 @@ fn label_scores(q: &PlannedQuestion, scores: &TreeScores) -> Vec<f64> {
     }
     let k = q.listings.len().max(1) as f64;
     total.iter().map(|t| t / k).collect()
+}
+
+/// Whether every option starts with its own token (the tree shares a node
+/// between options that start alike).
+fn distinct_first_tokens(options: &[(Vec<usize>, usize)]) -> bool {
+    let mut firsts: Vec<usize> = options.iter().map(|(s, _)| s[0]).collect();
+    firsts.sort_unstable();
+    firsts.windows(2).all(|w| w[0] != w[1])
 }
 
 fn log_softmax_of(x: &[f64]) -> Vec<f64> {
