@@ -63,13 +63,36 @@ fn restore_sigpipe() {
     }
 }
 
+/// Logs go to stderr, in colour only on a terminal (a file, a pipe or a
+/// journal gets plain text). `SPINDLE_LOG` sets the filter; without it
+/// only errors show, and for `serve` its access log too (one line per
+/// request, `spindle::access`).
+fn init_logging(serving: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::EnvFilter;
+    let given = std::env::var("SPINDLE_LOG")
+        .ok()
+        .filter(|s| !s.trim().is_empty());
+    let directives = match (given, serving) {
+        (Some(s), _) => s,
+        (None, true) => format!("error,{}=info", spindle_server::access::TARGET),
+        (None, false) => "error".to_string(),
+    };
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::ERROR.into())
+        .parse_lossy(directives);
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
 fn main() {
     restore_sigpipe();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("SPINDLE_LOG"))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(matches!(cli.command, Command::Serve(_)));
     let result = match cli.command {
         Command::Pull(a) => commands::pull::run(a),
         Command::Run(a) => commands::run::run(a),

@@ -33,6 +33,9 @@ fn start(model: &Path, extra: &[&str]) -> Server {
         .arg(model)
         .args(["--port", "0", "-t", "2"])
         .args(extra)
+        // Errors only: the access log of thousands of checked requests
+        // would bury check_server.py's report (serve_props checks the log).
+        .env("SPINDLE_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -6,18 +6,20 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 use spindle_engine::decide::{parse_request, Answer, DecisionPlan, Form};
 use spindle_engine::scheduler::Event;
 use tokio::sync::mpsc;
 
+use crate::access::Access;
 use crate::error::ApiError;
 use crate::generation::{new_id, submit_error};
 use crate::routes::{check_model, parse, tenant, Shared};
 
 pub async fn decide(
     State(state): State<Shared>,
+    Extension(access): Extension<Access>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
@@ -44,6 +46,10 @@ pub async fn decide(
         Some(&state.priors),
     )
     .map_err(|e| ApiError::invalid("questions", e.to_string()))?;
+    access.set_prompt_tokens(plan.prompt.len());
+    if let Some(u) = &user {
+        access.set_user(u);
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let who = user.unwrap_or_else(|| tenant(&headers));
     state

@@ -14,6 +14,7 @@ use spindle_engine::{FinishReason, SamplerConfig};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::access::Access;
 use crate::error::ApiError;
 use crate::openai::{ResponseFormat, SamplingFields};
 use crate::text::TextStream;
@@ -35,6 +36,8 @@ pub struct Job {
     pub tenant: String,
     /// Reads tool calls out of each choice (chat requests that offer tools).
     pub watch: Option<ReplyWatch>,
+    /// The request's access-log entry, which each choice adds its tokens to.
+    pub access: Option<Access>,
 }
 
 /// Drafted tokens a request's passes verified, and how many were kept
@@ -222,6 +225,7 @@ pub fn build_job(
         n: n as usize,
         tenant: f.user.clone().unwrap_or(tenant),
         watch: None,
+        access: None,
     })
 }
 
@@ -380,6 +384,7 @@ pub fn start(state: &Arc<AppState>, job: Job) -> Result<mpsc::Receiver<Piece>, A
             text,
             watch: job.watch.clone(),
             tx: tx.clone(),
+            access: job.access.clone(),
         };
         tokio::spawn(drive_choice(erx, out, deadline));
     }
@@ -393,6 +398,7 @@ struct ChoiceOut {
     text: TextStream,
     watch: Option<ReplyWatch>,
     tx: mpsc::Sender<Piece>,
+    access: Option<Access>,
 }
 
 impl ChoiceOut {
@@ -463,13 +469,24 @@ impl ChoiceOut {
     }
 }
 
+/// Relays one engine request's events as pieces (see [`relay`]) and adds
+/// what it generated to the access log, however it ended.
+async fn drive_choice(events: mpsc::UnboundedReceiver<Event>, out: ChoiceOut, deadline: Instant) {
+    let access = out.access.clone();
+    let (tokens, drafts) = relay(events, out, deadline).await;
+    if let Some(a) = access {
+        a.add_completion(tokens, drafts);
+    }
+}
+
 /// Relays one engine request's events as pieces until it ends, a stop
-/// string appears, the deadline passes or nobody listens any more.
-async fn drive_choice(
+/// string appears, the deadline passes or nobody listens any more; returns
+/// the tokens generated (as `usage` counts them) and the drafts verified.
+async fn relay(
     mut events: mpsc::UnboundedReceiver<Event>,
     mut out: ChoiceOut,
     deadline: Instant,
-) {
+) -> (usize, DraftCounts) {
     let mut generated = 0;
     let mut drafts = DraftCounts::default();
     loop {
@@ -478,28 +495,35 @@ async fn drive_choice(
         // request, so the engine drops it before its next prefill or pass.
         let next = tokio::select! {
             e = tokio::time::timeout_at(deadline, events.recv()) => e,
-            _ = out.tx.closed() => return,
+            _ = out.tx.closed() => return (generated, drafts),
         };
         let event = match next {
             Ok(Some(e)) => e,
             Ok(None) => {
                 let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped");
-                return out.fail(error).await;
+                out.fail(error).await;
+                return (generated, drafts);
             }
             Err(_) => {
                 let error = ApiError::new(
                     StatusCode::REQUEST_TIMEOUT,
                     "the request took longer than the server's --request-timeout",
                 );
-                return out.fail(error).await;
+                out.fail(error).await;
+                return (generated, drafts);
             }
         };
         match event {
             Event::Token { id, logprobs } => {
+                if generated == 0 {
+                    if let Some(a) = &out.access {
+                        a.first_token();
+                    }
+                }
                 generated += 1;
                 let delta = out.text.push(id);
                 if !out.send_text(Some(id), delta, vec![(id, logprobs)]).await {
-                    return;
+                    return (generated, drafts);
                 }
                 if out.text.stopped() {
                     // The pass's draft counts may have been sent already.
@@ -510,7 +534,8 @@ async fn drive_choice(
                     }
                     // Dropping `events` cancels the sequence.
                     drop(events);
-                    return out.finish("stop", generated, drafts).await;
+                    out.finish("stop", generated, drafts).await;
+                    return (generated, drafts);
                 }
             }
             Event::Finished(f) => {
@@ -518,12 +543,16 @@ async fn drive_choice(
                     FinishReason::Stop => "stop",
                     FinishReason::Length | FinishReason::Cancelled => "length",
                 };
-                return out.finish(finish_reason, f.completion_tokens, drafts).await;
+                out.finish(finish_reason, f.completion_tokens, drafts).await;
+                return (f.completion_tokens, drafts);
             }
             Event::Speculated { drafted, accepted } => {
                 drafts += DraftCounts { drafted, accepted };
             }
-            Event::Error(e) => return out.fail(ApiError::from(e)).await,
+            Event::Error(e) => {
+                out.fail(ApiError::from(e)).await;
+                return (generated, drafts);
+            }
             // Only score requests (the decision endpoint) get scores.
             Event::Scores(_) => {}
         }

@@ -1,14 +1,18 @@
 //! Spindle's HTTP server: the OpenAI API (`/v1/models`, `/v1/completions`,
 //! `/v1/chat/completions` with streaming), `/v1/decide`, `/tokenize`, `/detokenize`,
-//! `/health` and Prometheus `/metrics`, over the engine's continuous
+//! `/props`, `/health` and Prometheus `/metrics`, over the engine's continuous
 //! batching loop. The server knows requests and text; the engine knows
-//! sequences and tokens.
+//! sequences and tokens. Every request gets one access-log line
+//! ([`access::TARGET`]).
 
+pub mod access;
 pub mod connections;
+mod cors;
 mod decide;
 mod error;
 mod generation;
 pub mod openai;
+mod props;
 mod routes;
 mod stream;
 mod text;
@@ -23,7 +27,9 @@ use spindle_engine::scheduler::EngineHandle;
 use spindle_model::chat_template::ChatTemplate;
 use spindle_model::tokenizer::Tokenizer;
 
+pub use cors::{CorsOriginError, CorsOrigins};
 pub use error::ApiError;
+pub use props::{KvProps, Props, SpecProps};
 pub use routes::router;
 
 /// What every handler shares.
@@ -56,6 +62,10 @@ pub struct AppState {
     /// Content-free answers of the questions `/v1/decide` was asked
     /// (`debias: prior`), so a question asked again skips that branch.
     pub priors: spindle_engine::decide::PriorCache,
+    /// What `/props` reports (set by whoever starts the server).
+    pub props: Props,
+    /// Origins browsers may call from (`--cors-origin`); off by default.
+    pub cors: CorsOrigins,
 }
 
 impl AppState {
@@ -94,6 +104,8 @@ impl AppState {
             created: generation::now_unix(),
             grammars,
             priors: spindle_engine::decide::PriorCache::new(4096),
+            props: Props::default(),
+            cors: CorsOrigins::Off,
         }
     }
 }

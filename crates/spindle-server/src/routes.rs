@@ -9,14 +9,15 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::routing::{get, post, MethodRouter};
+use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use spindle_engine::scheduler::TokenLogprobs;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::access::Access;
 use crate::error::ApiError;
 use crate::generation::{self, Choice, DraftCounts, Job};
 use crate::openai::{
@@ -27,25 +28,93 @@ use crate::AppState;
 
 pub(crate) type Shared = Arc<AppState>;
 
-/// Every route; `/health` and `/metrics` need no key.
+/// One endpoint: its path, whether it needs the API key, its handlers.
+struct Endpoint {
+    path: &'static str,
+    keyed: bool,
+    route: fn() -> MethodRouter<Shared>,
+}
+
+/// Every endpoint. The router and the list in the 404 body are both built
+/// from it, so they cannot disagree.
+const ENDPOINTS: &[Endpoint] = &[
+    Endpoint {
+        path: "/v1/models",
+        keyed: true,
+        route: || get(models),
+    },
+    Endpoint {
+        path: "/v1/completions",
+        keyed: true,
+        route: || post(completions),
+    },
+    Endpoint {
+        path: "/v1/chat/completions",
+        keyed: true,
+        route: || post(chat_completions),
+    },
+    Endpoint {
+        path: "/v1/decide",
+        keyed: true,
+        route: || post(crate::decide::decide),
+    },
+    Endpoint {
+        path: "/tokenize",
+        keyed: true,
+        route: || post(tokenize),
+    },
+    Endpoint {
+        path: "/detokenize",
+        keyed: true,
+        route: || post(detokenize),
+    },
+    Endpoint {
+        path: "/props",
+        keyed: true,
+        route: || get(crate::props::props),
+    },
+    Endpoint {
+        path: "/health",
+        keyed: false,
+        route: || get(|| async { Json(health_body()) }),
+    },
+    Endpoint {
+        path: "/metrics",
+        keyed: false,
+        route: || get(metrics),
+    },
+];
+
+/// The 404 message: every endpoint, from [`ENDPOINTS`].
+fn not_found_message() -> String {
+    let paths: Vec<&str> = ENDPOINTS.iter().map(|e| e.path).collect();
+    format!("no such endpoint: see {}", paths.join(", "))
+}
+
+/// Every route; `/health` and `/metrics` need no key. Each request is
+/// logged (outermost, so refusals by the layers below are logged too),
+/// and with `--cors-origin` preflights are answered before the key check.
 pub fn router(state: Shared) -> Router {
-    let guarded = Router::new()
-        .route("/v1/models", get(models))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/decide", post(crate::decide::decide))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
-    Router::new()
-        .route("/health", get(|| async { Json(health_body()) }))
-        .route("/metrics", get(metrics))
+    let mut guarded = Router::new();
+    let mut open = Router::new();
+    for e in ENDPOINTS {
+        if e.keyed {
+            guarded = guarded.route(e.path, (e.route)());
+        } else {
+            open = open.route(e.path, (e.route)());
+        }
+    }
+    let guarded = guarded.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    let not_found = not_found_message();
+    let mut app = open
         .merge(guarded)
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "no such endpoint: see /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /metrics")
-        })
+        .fallback(move || async move { ApiError::new(StatusCode::NOT_FOUND, not_found) })
         .layer(middleware::from_fn_with_state(state.clone(), read_request))
-        .layer(middleware::map_response(openai_errors))
+        .layer(middleware::map_response(openai_errors));
+    if let Some(cors) = state.cors.layer() {
+        app = app.layer(cors);
+    }
+    app.layer(middleware::from_fn(crate::access::log_access))
         .with_state(state)
 }
 
@@ -217,7 +286,7 @@ async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> R
 
 /// The credentials of a `Bearer` authorization (the scheme is
 /// case-insensitive, as HTTP schemes are).
-fn bearer(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<String> {
     let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
     let (scheme, key) = v.split_once(' ')?;
     scheme
@@ -360,6 +429,7 @@ fn chat_prompt(
 
 async fn completions(
     State(state): State<Shared>,
+    Extension(access): Extension<Access>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -382,11 +452,12 @@ async fn completions(
         tenant(&headers),
         None,
     )?;
-    respond(state, job, &req.sampling, Kind::Completion).await
+    respond(state, job, &req.sampling, Kind::Completion, access).await
 }
 
 async fn chat_completions(
     State(state): State<Shared>,
+    Extension(access): Extension<Access>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -420,7 +491,7 @@ async fn chat_completions(
         let names = t.callable().iter().map(|f| f.name.clone()).collect();
         ReplyWatch::new(state.tool_format.clone(), names, required)
     });
-    respond(state, job, &req.sampling, Kind::Chat).await
+    respond(state, job, &req.sampling, Kind::Chat, access).await
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -442,12 +513,20 @@ impl Kind {
 
 async fn respond(
     state: Shared,
-    job: Job,
+    mut job: Job,
     f: &crate::openai::SamplingFields,
     kind: Kind,
+    access: Access,
 ) -> Result<Response, ApiError> {
     let n = job.n;
     let prompt_tokens = job.prompt.len();
+    access.set_prompt_tokens(prompt_tokens);
+    access.start_generation();
+    if let Some(u) = &f.user {
+        access.set_user(u);
+    }
+    // The choices' tasks fill in the tokens as they generate them.
+    job.access = Some(access);
     let want_logprobs = job.params.logprobs.is_some();
     let rx = generation::start(&state, job)?;
     let id = generation::new_id(match kind {

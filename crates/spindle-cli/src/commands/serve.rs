@@ -11,7 +11,7 @@ use spindle_engine::scheduler::{spawn_engine, EngineConfig};
 use spindle_engine::speculative::TrafficCache;
 use spindle_model::KvCache;
 use spindle_server::connections::{connection_capacity, ConnectionLimits};
-use spindle_server::AppState;
+use spindle_server::{AppState, CorsOrigins, KvProps, Props, SpecProps};
 
 use crate::options::{tokenizer, ModelArgs};
 use crate::speculation::{SpecArgs, SpecMode};
@@ -82,6 +82,12 @@ pub struct ServeArgs {
     /// in --kv-memory and the plan).
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Let browser pages from ORIGIN (scheme://host[:port], or * for any)
+    /// call the API: preflights are answered and responses carry
+    /// Access-Control-Allow-Origin. Repeat for several origins; off by
+    /// default.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
 }
 
 /// Context per sequence when neither --ctx nor --kv-memory is given.
@@ -226,6 +232,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         bail!("--max-seqs and --max-batch-tokens must be at least 1");
     }
     let key = api_key(&args)?;
+    let cors = CorsOrigins::parse(&args.cors_origins)?;
     let tree_budget = args.spec.tree_budget()?;
     let path = args.model.resolve()?;
     // What does not fit even without drafts is refused before anything loads.
@@ -253,6 +260,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let ty = args.model.kv_type(&loaded.model)?;
     let mut layout = loaded.model.kv_layout(ty, ctx, args.max_seqs);
     layout.pool_tokens = pool_tokens;
+    let props = Props {
+        model_path: Some(path.display().to_string()),
+        architecture: Some(loaded.model.config.family().name().to_string()),
+        kv: Some(KvProps::of(&layout)),
+        speculation: Some(SpecProps {
+            mode: args.spec.spec.clone(),
+            budget: tree_budget,
+        }),
+        threads: Some(threads),
+        max_seqs: Some(args.max_seqs),
+        isa: Some(loaded.model.isa().name().to_string()),
+    };
     let kv = KvCache::new(layout);
     let kv_bytes = spindle_plan::human_bytes(kv.layout().bytes() as u64);
     let pool = match pool_tokens {
@@ -304,6 +323,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut state = AppState::new(engine, tok, name.clone(), key);
     state.request_timeout = Duration::from_secs(args.request_timeout.max(1));
     state.drain_timeout = Duration::from_secs(args.drain_timeout);
+    state.props = props;
+    state.cors = cors;
     state.connections = ConnectionLimits {
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         body_timeout: Duration::from_secs(args.body_timeout.max(1)),

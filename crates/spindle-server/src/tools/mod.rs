@@ -223,7 +223,7 @@ pub fn conversation(
         if let Some(Content::Parts(parts)) = &m.content {
             if let Some(p) = parts.iter().find(|p| p.kind != "text") {
                 return Err(bad(format!(
-                    "content parts of type {} are not supported: this server reads text only",
+                    "content part of type '{}' is not supported: only text parts are supported until Spindle serves multimodal models",
                     p.kind
                 )));
             }
