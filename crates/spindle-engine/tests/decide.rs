@@ -542,6 +542,13 @@ fn blend_is_the_geometric_mean_of_sum_and_first_token() {
         decide(&s.engine, &s.tok, &s.template, &req).unwrap()
     };
     for debias in [Debias::None, Debias::Prior] {
+        // The same rows as `sum`: blend costs what sum costs.
+        let rows = |mode| {
+            let req = debiased(State::Text(STATE.into()), distinct.clone(), mode, debias);
+            let plan = DecisionPlan::new(&req, &s.tok, &s.template, 1024).unwrap();
+            (plan.tree_rows(), plan.tree.ends.len())
+        };
+        assert_eq!(rows(Mode::Blend), rows(Mode::Sum));
         let blend = ask(&distinct, Mode::Blend, debias);
         let sum = ask(&distinct, Mode::Sum, debias);
         let first = ask(&distinct, Mode::FirstToken, debias);
