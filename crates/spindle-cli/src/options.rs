@@ -163,6 +163,29 @@ impl ModelArgs {
         Ok(ctx as usize)
     }
 
+    /// Why [`ModelArgs::planned_ctx`] chose `ctx` (no default given), in
+    /// words, for `chat` to say at start.
+    pub fn ctx_reason(&self, ctx: usize) -> String {
+        if self.ctx.is_some() {
+            return "set by --ctx".to_string();
+        }
+        if self.kv_memory.is_some() {
+            return "the longest that --kv-memory holds".to_string();
+        }
+        let own = self
+            .resolve()
+            .ok()
+            .and_then(|p| ModelShape::from_path(&p).ok())
+            .map(|s| s.context_length);
+        match own {
+            Some(own) if own as usize == ctx => "the model's own context".to_string(),
+            Some(own) => format!(
+                "the longest that fits in memory; the model's own is {own} (set --ctx or --kv-memory)"
+            ),
+            None => "the longest that fits".to_string(),
+        }
+    }
+
     /// The KV element type: `--kv-type`, else the model's default.
     pub fn kv_type(&self, model: &Model) -> Result<KvType> {
         let ty = match self.kv_type.as_deref() {

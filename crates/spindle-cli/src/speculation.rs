@@ -7,10 +7,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use spindle_engine::speculative::{
-    generate_speculative, DraftSource, Drafter, TrafficConfig, TreeBudget,
+    generate_speculative, generate_speculative_on, DraftSource, Drafter, TrafficConfig, TreeBudget,
 };
-use spindle_engine::{generate, GenerateOutput, GenerateRequest};
-use spindle_model::{KvCache, Model};
+use spindle_engine::{generate, generate_on, GenerateOutput, GenerateRequest};
+use spindle_model::{KvCache, Model, SeqId};
 
 #[derive(Args, Debug, Clone)]
 pub struct SpecArgs {
@@ -158,5 +158,25 @@ pub fn generate_with(
             on_token,
         )?,
         None => generate(model, kv, req, on_token)?,
+    })
+}
+
+/// [`generate_with`] on an open sequence that keeps its KV (a chat's): it
+/// may hold the KV of a prefix of the prompt, and only the rest is
+/// prefilled. The tree budget is the caller's, so it keeps what it learned
+/// across turns.
+pub fn generate_on_with(
+    model: &Model,
+    kv: &mut KvCache,
+    seq: SeqId,
+    req: &GenerateRequest,
+    speculate: Option<(&mut Box<dyn Drafter>, &mut TreeBudget)>,
+    on_token: &mut impl FnMut(u32) -> bool,
+) -> Result<GenerateOutput> {
+    Ok(match speculate {
+        Some((d, policy)) => {
+            generate_speculative_on(model, kv, seq, req, d.as_mut(), policy, on_token)?
+        }
+        None => generate_on(model, kv, seq, req, on_token)?,
     })
 }

@@ -315,3 +315,40 @@ fn a_corrupt_block_scale_is_refused_at_load_and_by_the_scan() {
         );
     }
 }
+
+/// Generation that stops because the context is full says so: `finish:
+/// context` in the stats line, and a note beside `finish_reason: "length"`.
+#[test]
+fn run_says_when_the_context_is_full() {
+    let Some(m) = model() else { return };
+    let args = |json: bool| {
+        let mut a = vec![
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "The capital of France is",
+            "-n",
+            "100",
+            "--ctx",
+            "16",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ];
+        if json {
+            a.push("--json");
+        }
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let a = args(false);
+    let o = spindle(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("finish: context"), "{err}");
+    let a = args(true);
+    let o = spindle(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["finish_reason"], "length");
+    assert!(v["note"].as_str().unwrap().contains("context"), "{v}");
+}

@@ -62,6 +62,9 @@ impl FinishReason {
 #[derive(Debug, Clone, Default)]
 pub struct GenerateStats {
     pub prompt_tokens: usize,
+    /// Prompt tokens run through the model: fewer than `prompt_tokens` when
+    /// the sequence already held the KV of a prefix (a chat's earlier turns).
+    pub prefilled_tokens: usize,
     pub prompt_seconds: f64,
     pub gen_tokens: usize,
     pub gen_seconds: f64,
@@ -82,8 +85,9 @@ pub struct GenerateStats {
 }
 
 impl GenerateStats {
+    /// Prefill speed: the tokens actually run (a held prefix took no time).
     pub fn prompt_tokens_per_s(&self) -> f64 {
-        rate(self.prompt_tokens, self.prompt_seconds)
+        rate(self.prefilled_tokens, self.prompt_seconds)
     }
 
     pub fn gen_tokens_per_s(&self) -> f64 {
@@ -173,6 +177,28 @@ pub fn prefill(
     Ok((last, passes))
 }
 
+/// Prefills what `seq` lacks of `prompt`: the sequence holds the KV of
+/// `prompt[..kv.seq_len(seq)]` (nothing, for a new sequence), so only the
+/// rest runs, at its own positions. A sequence holding the whole prompt (or
+/// more) is rolled back to one token short, so that the last prompt token
+/// gives the logits. Returns the logits, the passes and the tokens run.
+pub fn prefill_rest(
+    model: &Model,
+    kv: &mut KvCache,
+    seq: SeqId,
+    prompt: &[u32],
+) -> Result<(Vec<f32>, usize, usize), EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if kv.seq_len(seq) >= prompt.len() {
+        kv.truncate(seq, prompt.len() - 1)?;
+    }
+    let held = kv.seq_len(seq);
+    let (logits, passes) = prefill(model, kv, seq, &prompt[held..])?;
+    Ok((logits, passes, prompt.len() - held))
+}
+
 /// Generates from `req.prompt`, calling `on_token` with each emitted token;
 /// `on_token` returns `false` to stop early.
 pub fn generate(
@@ -187,7 +213,9 @@ pub fn generate(
     result
 }
 
-/// [`generate`] on an open, empty sequence, which keeps its KV afterwards.
+/// [`generate`] on an open sequence, which keeps its KV afterwards. The
+/// sequence may already hold the KV of a prefix of `req.prompt` (see
+/// [`prefill_rest`]): only the rest is prefilled.
 pub fn generate_on(
     model: &Model,
     kv: &mut KvCache,
@@ -200,9 +228,10 @@ pub fn generate_on(
         ..Default::default()
     };
     let t0 = Instant::now();
-    let (mut logits, passes) = prefill(model, kv, seq, &req.prompt)?;
+    let (mut logits, passes, prefilled) = prefill_rest(model, kv, seq, &req.prompt)?;
     stats.prompt_seconds = t0.elapsed().as_secs_f64();
     stats.passes = passes;
+    stats.prefilled_tokens = prefilled;
 
     let t1 = Instant::now();
     let rules = req.rules(kv.max_len());

@@ -314,3 +314,83 @@ fn q8_0_kv_stays_close_to_f16_kv() {
     assert!(same_top / n > 0.93, "top-1 agreement {}", same_top / n);
     assert!(mean > 0.0, "q8_0 rounding should show");
 }
+
+/// A sequence kept open across turns (as `spindle chat` keeps it): the next
+/// prompt extends what it holds, and only the new tokens are prefilled, yet
+/// greedy decoding emits exactly what it emits from scratch, plainly and
+/// speculatively; a sequence holding the whole prompt rolls back by one.
+#[test]
+fn continuing_on_a_held_prefix_equals_generating_from_scratch() {
+    use spindle_engine::generate_on;
+    use spindle_engine::speculative::{generate_speculative_on, NgramDrafter, TreeBudget};
+
+    let Some(path) = real_model() else { return };
+    let m = spindle_model::load(&path, 2).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let req = |prompt: Vec<u32>| GenerateRequest {
+        prompt,
+        max_tokens: 12,
+        sampler: SamplerConfig::default(),
+        stop_ids: tok.stop_ids(),
+        constraint: None,
+    };
+    let new_kv = || m.model.new_kv_cache(m.model.default_kv_type(), 512, 1);
+    let scratch = |prompt: &[u32]| {
+        let mut kv = new_kv();
+        let seq = kv.add_sequence().unwrap();
+        generate_on(&m.model, &mut kv, seq, &req(prompt.to_vec()), &mut |_| true).unwrap()
+    };
+    let first = tok.encode("The capital of France is", true, false).unwrap();
+    let more = tok
+        .encode(" Tell me about its rivers.", false, false)
+        .unwrap();
+
+    for speculative in [false, true] {
+        let mut kv = new_kv();
+        let seq = kv.add_sequence().unwrap();
+        let mut drafter = NgramDrafter::default();
+        let mut policy = TreeBudget::new(8);
+        let mut go = |kv: &mut spindle_model::KvCache, prompt: &[u32]| {
+            let r = req(prompt.to_vec());
+            if speculative {
+                generate_speculative_on(
+                    &m.model,
+                    kv,
+                    seq,
+                    &r,
+                    &mut drafter,
+                    &mut policy,
+                    &mut |_| true,
+                )
+                .unwrap()
+            } else {
+                generate_on(&m.model, kv, seq, &r, &mut |_| true).unwrap()
+            }
+        };
+        let out1 = go(&mut kv, &first);
+        assert_eq!(out1.stats.prefilled_tokens, first.len());
+        assert_eq!(out1.tokens, scratch(&first).tokens);
+        // The sequence holds the prompt and the emitted tokens but the last.
+        let mut held = first.clone();
+        held.extend(&out1.tokens);
+        held.truncate(kv.seq_len(seq));
+        assert!(held.len() > first.len());
+
+        let mut second = held.clone();
+        second.extend(&more);
+        let out2 = go(&mut kv, &second);
+        assert_eq!(out2.stats.prompt_tokens, second.len());
+        assert_eq!(
+            out2.stats.prefilled_tokens,
+            more.len(),
+            "spec {speculative}"
+        );
+        assert_eq!(out2.tokens, scratch(&second).tokens, "spec {speculative}");
+
+        // Back to a prompt the sequence holds entirely: one token reruns.
+        kv.truncate(seq, second.len()).unwrap();
+        let out3 = go(&mut kv, &second);
+        assert_eq!(out3.stats.prefilled_tokens, 1);
+        assert_eq!(out3.tokens, out2.tokens);
+    }
+}

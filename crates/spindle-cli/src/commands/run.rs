@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
-use spindle_engine::{GenerateOutput, GenerateRequest};
+use spindle_engine::{FinishReason, GenerateOutput, GenerateRequest};
 use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
@@ -115,7 +115,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             let _ = stdout.write_all(rest.as_bytes());
         }
         let _ = writeln!(stdout);
-        print_stats(&out, loaded.model.n_threads(), sampler.seed);
+        print_stats(&out, loaded.model.n_threads(), sampler.seed, args.n);
     } else {
         let text = tok.decode(&out.tokens)?;
         println!(
@@ -125,7 +125,8 @@ pub fn run(args: RunArgs) -> Result<()> {
                 &out,
                 &text,
                 sampler.seed,
-                kv.max_len()
+                kv.max_len(),
+                args.n
             ))?
         );
     }
@@ -138,9 +139,10 @@ pub fn result_json(
     text: &str,
     seed: u64,
     ctx: usize,
+    max_tokens: usize,
 ) -> serde_json::Value {
     let s = &out.stats;
-    json!({
+    let mut v = json!({
         "prompt_tokens": prompt,
         "tokens": out.tokens,
         "text": text,
@@ -161,10 +163,23 @@ pub fn result_json(
             "mask_seconds": s.mask_seconds,
             "mask_waiting_seconds": s.mask_waiting_seconds,
         }
-    })
+    });
+    if context_full(out, max_tokens) {
+        // "length" as OpenAI says it; the note tells the two limits apart.
+        v["note"] = json!(format!(
+            "the context ({ctx} tokens) was full before -n {max_tokens} tokens"
+        ));
+    }
+    v
 }
 
-pub fn print_stats(out: &GenerateOutput, threads: usize, seed: u64) {
+/// Whether generation stopped at the end of the context rather than at
+/// `max_tokens`.
+pub fn context_full(out: &GenerateOutput, max_tokens: usize) -> bool {
+    out.finish == FinishReason::Length && out.tokens.len() < max_tokens
+}
+
+pub fn print_stats(out: &GenerateOutput, threads: usize, seed: u64, max_tokens: usize) {
     let s = &out.stats;
     let spec = if s.drafted > 0 {
         format!(
@@ -198,6 +213,10 @@ pub fn print_stats(out: &GenerateOutput, threads: usize, seed: u64) {
         masks,
         threads,
         seed,
-        out.finish.as_str()
+        if context_full(out, max_tokens) {
+            "context"
+        } else {
+            out.finish.as_str()
+        }
     );
 }

@@ -18,7 +18,7 @@ use super::tree_budget::TreeBudget;
 use super::verify::{push_tree, walk, LazyLogits};
 use crate::error::EngineError;
 use crate::generate::{
-    next_token, prefill, prepare_during, FinishReason, GenerateOutput, GenerateRequest,
+    next_token, prefill_rest, prepare_during, FinishReason, GenerateOutput, GenerateRequest,
     GenerateStats, Next,
 };
 
@@ -38,8 +38,10 @@ pub fn generate_speculative(
     result
 }
 
-/// [`generate_speculative`] on an open, empty sequence, which keeps its KV
-/// afterwards (the accepted tokens only).
+/// [`generate_speculative`] on an open sequence, which keeps its KV
+/// afterwards (the accepted tokens only). Like [`crate::generate_on`], a
+/// sequence holding the KV of a prefix of `req.prompt` prefills only the
+/// rest.
 pub fn generate_speculative_on(
     model: &Model,
     kv: &mut KvCache,
@@ -80,9 +82,10 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             ..Default::default()
         };
         let t0 = Instant::now();
-        let (logits, passes) = prefill(self.model, kv, self.seq, &self.req.prompt)?;
+        let (logits, passes, prefilled) = prefill_rest(self.model, kv, self.seq, &self.req.prompt)?;
         stats.prompt_seconds = t0.elapsed().as_secs_f64();
         stats.passes = passes;
+        stats.prefilled_tokens = prefilled;
         let t1 = Instant::now();
         let rules = self.req.rules(kv.max_len());
         let mut generated = 0;
