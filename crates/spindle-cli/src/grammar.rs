@@ -8,6 +8,8 @@ use clap::Args;
 use spindle_engine::constraint::{Constraint, Grammar, GrammarCompiler};
 use spindle_model::tokenizer::Tokenizer;
 
+use crate::options::read_text_arg;
+
 #[derive(Args, Debug, Clone, Default)]
 pub struct GrammarArgs {
     /// The output is JSON matching the schema in this file.
@@ -25,17 +27,14 @@ pub struct GrammarArgs {
 impl GrammarArgs {
     /// The grammar asked for, read and checked (`None` without one).
     pub fn grammar(&self) -> Result<Option<Grammar>> {
-        let read = |p: &PathBuf| {
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
-        };
         let mut asked = Vec::new();
         if let Some(p) = &self.json_schema {
-            let schema = serde_json::from_str(&read(p)?)
-                .with_context(|| format!("{} is not JSON", p.display()))?;
+            let schema = serde_json::from_str(&read_text_arg("--json-schema", p)?)
+                .with_context(|| format!("--json-schema {}: not JSON", p.display()))?;
             asked.push(Grammar::JsonSchema(schema));
         }
         if let Some(p) = &self.grammar {
-            asked.push(Grammar::Lark(read(p)?));
+            asked.push(Grammar::Lark(read_text_arg("--grammar", p)?));
         }
         if let Some(r) = &self.regex {
             asked.push(Grammar::Regex(r.clone()));

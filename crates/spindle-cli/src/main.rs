@@ -32,18 +32,33 @@ enum Command {
     /// Print the text of token ids.
     Detokenize(commands::tokenize::DetokenizeArgs),
     /// Log-probability of every next token of a text, in one pass.
+    #[command(mut_arg("ctx", |a| a.help("Context length in tokens (default: the text's length)")))]
     Score(commands::score::ScoreArgs),
     /// Perplexity of a text file (llama.cpp's protocol).
+    #[command(mut_arg("ctx", |a| a.help("Context length in tokens (default: the chunk, -c)")))]
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Prompt and generation speed, bandwidth use, and pass cost by rows.
+    // bench sizes its own KV cache from -p, -n, -d and --rows.
+    #[command(mut_arg("ctx", |a| a.hide(true)), mut_arg("kv_memory", |a| a.hide(true)))]
     Bench(commands::bench::BenchArgs),
     /// Memory (weights, KV, activations, overhead) and speed ceiling from file
     /// headers alone, before anything is loaded.
+    #[command(
+        mut_arg("ctx", |a| a.help("Context length in tokens (default: the model's)")),
+        mut_arg("kv_memory", |a| a.hide(true)),
+        mut_arg("check_weights", |a| a.hide(true)),
+        mut_arg("act_rounding", |a| a.hide(true))
+    )]
     Plan(commands::plan::PlanArgs),
     /// An OpenAI-compatible HTTP server with continuous batching.
+    #[command(mut_arg("ctx", |a| a.help(
+        "Context per sequence in tokens (default: 4096, or the model's when shorter; \
+         with --kv-memory, the model's as far as the shared pool holds it)"
+    )))]
     Serve(commands::serve::ServeArgs),
     /// The probability of every option of typed questions about a state,
     /// from one pass.
+    #[command(mut_arg("ctx", |a| a.help("Context length in tokens (default: 4096)")))]
     Decide(commands::decide::DecideArgs),
 }
 

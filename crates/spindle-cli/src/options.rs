@@ -20,8 +20,9 @@ pub struct ModelArgs {
     /// Compute threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Context length in tokens (default: the model's, or what fits).
-    #[arg(long = "ctx")]
+    /// Context length in tokens (default: the model's, or the longest that
+    /// fits in memory).
+    #[arg(long = "ctx", value_parser = parse_ctx)]
     pub ctx: Option<usize>,
     /// Memory granted to the KV cache, e.g. 512MiB or 2G (default: what the
     /// context needs). Without --ctx, the context is the longest that fits.
@@ -53,20 +54,7 @@ impl ModelArgs {
 
     /// The model file: `-m`, or the default model, pulled when absent.
     pub fn resolve(&self) -> Result<PathBuf> {
-        if let Some(m) = &self.model {
-            return Ok(m.clone());
-        }
-        let path = home::default_model_path();
-        // Only when certainly absent: a broken link there (a loop, say) is
-        // reported by the load rather than pulled over.
-        if matches!(path.try_exists(), Ok(false)) {
-            eprintln!(
-                "The default model is not in {} yet; pulling it first.",
-                home::models_dir().display()
-            );
-            crate::commands::pull::pull_default(false)?;
-        }
-        Ok(path)
+        resolve_model(&self.model)
     }
 
     /// Loads the model, after checking from its headers alone that the
@@ -199,7 +187,8 @@ impl ModelArgs {
 
     /// The KV type the planner plans with.
     pub fn plan_kv_type(&self) -> Result<PlanKv> {
-        Ok(PlanKv::parse(self.kv_type.as_deref().unwrap_or("f16"))?)
+        let s = self.kv_type.as_deref().unwrap_or("f16");
+        PlanKv::parse(s).map_err(|_| anyhow!("--kv-type '{s}' is not one of f16, q8_0, f32"))
     }
 
     /// A KV cache for `loaded`, sized by [`ModelArgs::planned_ctx`].
@@ -212,16 +201,74 @@ impl ModelArgs {
     }
 }
 
-impl ModelArgs {
+/// Only the model to open, for commands that read its tokenizer alone
+/// (`tokenize`, `detokenize`): the threads, context and KV flags of
+/// [`ModelArgs`] would do nothing there.
+#[derive(Args, Debug, Clone)]
+pub struct ModelPathArgs {
+    /// A .gguf file or a Hugging Face model directory (default: Gemma 3 270M, pulled on first use).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelPathArgs {
     /// Only the tokenizer of the model (no weights are read).
     pub fn load_tokenizer(&self) -> Result<Tokenizer> {
-        let path = self.resolve()?;
+        let path = resolve_model(&self.model)?;
         let (tok, err) = spindle_model::load_tokenizer(&path)
             .with_context(|| format!("cannot load {}", path.display()))?;
         tok.ok_or_else(|| match err {
             Some(e) => anyhow!("the model's tokenizer cannot be built: {e}"),
             None => anyhow!("the model file has no tokenizer"),
         })
+    }
+}
+
+/// `-m PATH`, checked to exist (so the error names the flag), or the
+/// default model, pulled when absent.
+fn resolve_model(model: &Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(m) = model {
+        check_path_exists("-m", m)?;
+        return Ok(m.clone());
+    }
+    let path = home::default_model_path();
+    // Only when certainly absent: a broken link there (a loop, say) is
+    // reported by the load rather than pulled over.
+    if matches!(path.try_exists(), Ok(false)) {
+        eprintln!(
+            "The default model is not in {} yet; pulling it first.",
+            home::models_dir().display()
+        );
+        crate::commands::pull::pull_default(false)?;
+    }
+    Ok(path)
+}
+
+/// Errors naming `flag` when `path` certainly does not exist (neither it
+/// nor a link by that name); anything odder (a link loop, a FIFO) is left
+/// to the loader, which names the problem.
+pub fn check_path_exists(flag: &str, path: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_err() && matches!(path.try_exists(), Ok(false)) {
+        bail!("{flag} {}: no such file or directory", path.display());
+    }
+    Ok(())
+}
+
+/// Warns about each flag that was given but does nothing for `command`
+/// (they are hidden from its help, and still accepted so that scripts
+/// passing them keep working).
+pub fn warn_ignored(command: &str, given: &[(bool, &str)]) {
+    for (_, flag) in given.iter().filter(|(g, _)| *g) {
+        eprintln!("warning: {flag} does nothing for `spindle {command}`; ignored");
+    }
+}
+
+/// `--ctx`: a positive token count.
+fn parse_ctx(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("the context must be at least 1 token".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a token count")),
     }
 }
 
@@ -351,12 +398,24 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// The text of a file given with `flag`, `-` being standard input; a
+/// failure names the flag.
+pub fn read_text_arg(flag: &str, path: &Path) -> Result<String> {
+    if path == Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut s)
+            .with_context(|| format!("{flag} -: cannot read standard input"))?;
+        return Ok(s);
+    }
+    check_path_exists(flag, path)?;
+    std::fs::read_to_string(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
+}
+
 /// Text from `-p` or `-f`.
 pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<String> {
     match (prompt, file) {
         (Some(p), None) => Ok(p.clone()),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("cannot read prompt file {}", f.display())),
+        (None, Some(f)) => read_text_arg("-f", f),
         (Some(_), Some(_)) => Err(anyhow!("give either -p or -f, not both")),
         (None, None) => Err(anyhow!("no prompt: give -p TEXT or -f FILE")),
     }

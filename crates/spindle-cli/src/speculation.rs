@@ -68,7 +68,12 @@ impl SpecArgs {
             "suffix" => SpecMode::Suffix,
             "self" => SpecMode::SelfDraft,
             s => match s.strip_prefix("draft:") {
-                Some(p) if !p.is_empty() => SpecMode::DraftModel(PathBuf::from(p)),
+                Some(p) if !p.is_empty() => {
+                    let path = PathBuf::from(p);
+                    // Checked here so the error names --spec, not the loader's -m.
+                    crate::options::check_path_exists("--spec draft:PATH:", &path)?;
+                    SpecMode::DraftModel(path)
+                }
                 _ => bail!("--spec '{s}' is not one of auto, ngram, suffix, draft:PATH, self, off"),
             },
         })
@@ -107,8 +112,12 @@ impl SpecArgs {
                 ..DraftSource::default()
             },
             SpecMode::DraftModel(path) => {
-                let draft = spindle_model::load(&path, threads)
-                    .with_context(|| format!("cannot load the draft model {}", path.display()))?;
+                let draft = spindle_model::load(&path, threads).with_context(|| {
+                    format!(
+                        "--spec draft:PATH: cannot load the draft model {}",
+                        path.display()
+                    )
+                })?;
                 with_model(draft.model)
             }
             SpecMode::SelfDraft => {

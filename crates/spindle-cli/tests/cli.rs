@@ -420,3 +420,128 @@ fn find_number(v: &serde_json::Value, key: &str) -> Option<f64> {
         _ => None,
     }
 }
+
+/// `tokenize` and `detokenize` read the tokenizer alone: their help lists
+/// no threads, context or KV flags, which would do nothing there.
+#[test]
+fn tokenize_help_lists_only_the_flags_that_apply() {
+    for cmd in ["tokenize", "detokenize"] {
+        let o = spindle(&[cmd, "--help"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let help = String::from_utf8_lossy(&o.stdout);
+        for flag in [
+            "--kv-type",
+            "--ctx",
+            "--kv-memory",
+            "--threads",
+            "--check-weights",
+        ] {
+            assert!(!help.contains(flag), "{cmd} --help lists {flag}: {help}");
+        }
+        assert!(
+            help.contains("--model") && help.contains("--file"),
+            "{help}"
+        );
+    }
+    // Flags that do nothing elsewhere are hidden there too.
+    let plan = spindle(&["plan", "--help"]);
+    let help = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        !help.contains("--kv-memory") && help.contains("--ctx"),
+        "{help}"
+    );
+    let bench = spindle(&["bench", "--help"]);
+    let help = String::from_utf8_lossy(&bench.stdout);
+    assert!(
+        !help.contains("--ctx") && !help.contains("--kv-memory"),
+        "{help}"
+    );
+    // serve's help says what its context default really is.
+    let serve = spindle(&["serve", "--help"]);
+    assert!(String::from_utf8_lossy(&serve.stdout).contains("default: 4096"));
+}
+
+/// Each flag's error names the flag: a missing draft model is a --spec
+/// error, not the model loader's advice about -m.
+#[test]
+fn errors_name_the_flag_that_was_wrong() {
+    let m = tiny("llama").join("model.gguf");
+    let m = m.to_str().unwrap();
+    for args in [
+        vec!["run", "-m", m, "-p", "a", "--spec", "draft:/missing.gguf"],
+        vec![
+            "serve",
+            "-m",
+            m,
+            "--port",
+            "0",
+            "--spec",
+            "draft:/missing.gguf",
+        ],
+    ] {
+        let o = spindle(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains("--spec draft:PATH: /missing.gguf") && err.contains("no such file"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains(" -m"), "{args:?} suggests -m: {err}");
+    }
+    fails_with(
+        &["run", "-m", "/missing/model.gguf", "-p", "a"],
+        "-m /missing/model.gguf: no such file",
+    );
+    fails_with(
+        &["run", "-m", m, "-p", "a", "--grammar", "/missing.lark"],
+        "--grammar /missing.lark: no such file",
+    );
+    fails_with(
+        &["run", "-m", m, "-p", "a", "--json-schema", "/missing.json"],
+        "--json-schema /missing.json: no such file",
+    );
+    let not_json = tmp("schema.json", b"{ not json");
+    fails_with(
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "a",
+            "--json-schema",
+            not_json.to_str().unwrap(),
+        ],
+        "--json-schema",
+    );
+    fails_with(&["run", "-m", m, "-f", "/missing.txt"], "-f /missing.txt");
+    fails_with(&["run", "-m", m, "-p", "a", "--ctx", "0"], "--ctx");
+    fails_with(&["plan", m, "--kv-type", "q4"], "--kv-type 'q4'");
+    fails_with(
+        &["perplexity", "-m", m, "-f", "/missing.txt"],
+        "-f /missing.txt",
+    );
+    fails_with(&["tokenize", "-m", m], "no input");
+}
+
+/// `score --top K` lists K alternatives per position in text mode too.
+#[test]
+fn score_top_lists_that_many_alternatives() {
+    let m = tiny("gemma2").join("model.gguf");
+    let o = spindle(&[
+        "score",
+        "-m",
+        m.to_str().unwrap(),
+        "--ids",
+        "5,17,99,3",
+        "--top",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains("top:")).collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    for row in rows {
+        let alternatives = row.split("top:").nth(1).unwrap().split(" | ").count();
+        assert_eq!(alternatives, 3, "{row}");
+    }
+}

@@ -352,3 +352,44 @@ fn run_says_when_the_context_is_full() {
     assert_eq!(v["finish_reason"], "length");
     assert!(v["note"].as_str().unwrap().contains("context"), "{v}");
 }
+
+/// `tokenize -` reads standard input and `-f FILE` a file, byte for byte:
+/// both give the ids of the same text given inline; `detokenize -` reads
+/// ids from standard input.
+#[test]
+fn tokenize_reads_standard_input_and_files() {
+    use std::io::Write;
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let text = "Hello world,\nand a second line\n";
+    let inline = spindle(&["tokenize", "-m", m, text]).stdout;
+    let piped = |args: &[&str], input: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o.stdout
+    };
+    assert_eq!(piped(&["tokenize", "-m", m, "-"], text), inline);
+    let file = std::env::temp_dir().join(format!("spindle-tok-{}.txt", std::process::id()));
+    std::fs::write(&file, text).unwrap();
+    let f = file.to_str().unwrap();
+    assert_eq!(spindle(&["tokenize", "-m", m, "-f", f]).stdout, inline);
+    assert_eq!(spindle(&["tokenize", "-m", m, "--file", f]).stdout, inline);
+    assert_eq!(piped(&["tokenize", "-m", m, "-f", "-"], text), inline);
+    let ids = String::from_utf8(inline).unwrap();
+    let back = piped(&["detokenize", "-m", m, "-"], &ids);
+    assert_eq!(String::from_utf8(back).unwrap(), format!("{text}\n"));
+    let _ = std::fs::remove_file(&file);
+}

@@ -78,6 +78,17 @@ pub fn cpu_name() -> String {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    crate::options::warn_ignored(
+        "bench",
+        &[
+            (args.model.ctx.is_some(), "--ctx"),
+            (args.model.kv_memory.is_some(), "--kv-memory"),
+        ],
+    );
+    // Not even checked: the cache is sized from -p, -n, -d and --rows.
+    let mut args = args;
+    args.model.ctx = None;
+    args.model.kv_memory = None;
     let rows: Vec<usize> = match &args.rows {
         Some(s) => parse_ids(s)?.into_iter().map(|r| r as usize).collect(),
         None => vec![],

@@ -14,7 +14,7 @@ use spindle_engine::decide::{
 use spindle_engine::scheduler::{spawn_engine, EngineConfig};
 use spindle_model::chat_template::ChatTemplate;
 
-use crate::options::{tokenizer, ModelArgs};
+use crate::options::{read_text_arg, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct DecideArgs {
@@ -67,11 +67,7 @@ fn split_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str)> {
 
 fn request(args: &DecideArgs) -> Result<DecisionRequest> {
     if let Some(f) = &args.file {
-        let text = if f.as_os_str() == "-" {
-            std::io::read_to_string(std::io::stdin())?
-        } else {
-            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?
-        };
+        let text = read_text_arg("-f", f)?;
         let value: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{} is not JSON", f.display()))?;
         return parse_request(value)
@@ -80,9 +76,7 @@ fn request(args: &DecideArgs) -> Result<DecisionRequest> {
     }
     let state = match (&args.state, &args.state_file) {
         (Some(s), None) => s.clone(),
-        (None, Some(f)) => {
-            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?
-        }
+        (None, Some(f)) => read_text_arg("--state-file", f)?,
         _ => bail!("give the state: --state TEXT, --state-file FILE, or the whole request with -f"),
     };
     let options = |list: &str| {

@@ -1,12 +1,14 @@
 //! `spindle perplexity`: llama.cpp's protocol, so the numbers compare.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
 use spindle_engine::score::perplexity;
 
-use crate::options::{tokenizer, ModelArgs};
+use crate::options::{read_text_arg, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -24,26 +26,44 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let text = read_text_arg("-f", &args.file)?;
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let ids = tok.encode(&text, tok.add_bos_default(), false)?;
     let mut kv = args.model.kv_cache(&loaded, Some(args.chunk))?;
     let t0 = std::time::Instant::now();
     let json = args.json;
+    // On a terminal, one bar over the chunks instead of a line per chunk.
+    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new((ids.len() / args.chunk.max(1)) as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "chunk {pos}/{len} [{bar:30}] {per_sec} {msg} (eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar
+    });
     let result = perplexity(
         &loaded.model,
         &mut kv,
         &ids,
         args.chunk,
         tok.bos_id(),
-        |c, n, ppl| {
-            if !json {
-                eprintln!("chunk {c}/{n}: running perplexity {ppl:.4}");
+        |c, n, ppl| match &bar {
+            Some(bar) => {
+                bar.set_position(c as u64);
+                bar.set_message(format!("running perplexity {ppl:.4}"));
             }
+            None if !json => eprintln!("chunk {c}/{n}: running perplexity {ppl:.4}"),
+            None => {}
         },
-    )?;
+    );
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let result = result?;
     if json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

@@ -10,6 +10,8 @@ use spindle_engine::bench::run_peak_memory_passes;
 use spindle_engine::generate::PREFILL_CHUNK;
 use spindle_plan::{plan, Device, EngineProfile, KvType, ModelShape, Plan, PlanRequest};
 
+use spindle_kernels::quant::q8_act::ActRounding;
+
 use crate::options::ModelArgs;
 
 #[derive(Args, Debug)]
@@ -43,6 +45,17 @@ pub struct PlanArgs {
 }
 
 pub fn run(args: PlanArgs) -> Result<()> {
+    crate::options::warn_ignored(
+        "plan",
+        &[
+            (args.model.kv_memory.is_some(), "--kv-memory"),
+            (args.model.check_weights, "--check-weights"),
+            (
+                args.model.act_rounding != ActRounding::Block32,
+                "--act-rounding",
+            ),
+        ],
+    );
     let path = match (&args.path, &args.model.model) {
         (Some(_), Some(_)) => bail!("give the model once: as MODEL or with -m"),
         (Some(p), None) | (None, Some(p)) => p.clone(),
@@ -61,7 +74,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         ..PlanRequest::new(
             ctx,
             args.batch,
-            KvType::parse(args.model.kv_type.as_deref().unwrap_or("f16"))?,
+            args.model.plan_kv_type()?,
             Device::parse(&args.device)?,
         )
     };

@@ -69,6 +69,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     let text = prompt_text(&args.prompt, &args.file)?;
     let sampler = args.sampling.config()?;
     args.spec.mode()?;
+    // A missing or malformed grammar file fails before the model loads.
+    args.grammar.grammar()?;
     let loaded = args.model.load()?;
     let tok = tokenizer(&loaded)?;
     let prompt = prompt_ids(tok, &text, args.chat)?;

@@ -20,7 +20,7 @@ pub struct ScoreArgs {
     /// Token ids instead of text: "2,818,1234".
     #[arg(long)]
     pub ids: Option<String>,
-    /// Alternatives listed per position.
+    /// Alternatives listed per position, most likely first (text and JSON).
     #[arg(long, default_value_t = 5)]
     pub top: usize,
     /// Print JSON.
@@ -58,15 +58,18 @@ pub fn run(args: ScoreArgs) -> Result<()> {
     let mut nll = 0.0;
     for (i, p) in positions.iter().enumerate() {
         nll -= p.logprob;
-        let best = p.top.first().map_or(String::new(), |t| {
-            format!("{:?} {:.3}", piece(t.id), t.logprob)
-        });
+        // The --top alternatives, most likely first.
+        let top: Vec<String> = p
+            .top
+            .iter()
+            .map(|t| format!("{:?} {:.3}", piece(t.id), t.logprob))
+            .collect();
         println!(
-            "{:>5} {:>24} {:>9.3}   best: {}",
+            "{:>5} {:>24} {:>9.3}   top: {}",
             i + 1,
             format!("{:?}", piece(p.id)),
             p.logprob,
-            best
+            top.join(" | ")
         );
     }
     if !positions.is_empty() {

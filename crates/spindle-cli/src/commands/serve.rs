@@ -149,6 +149,35 @@ fn kv_pool(
     Ok((ctx, Some(tokens as usize)))
 }
 
+/// Why [`kv_pool`] chose `ctx`, in words, for the line `serve` prints at
+/// start.
+fn ctx_reason(args: &ServeArgs, path: &Path, ctx: usize) -> String {
+    let own = spindle_plan::ModelShape::from_path(path)
+        .ok()
+        .map(|s| s.context_length as usize);
+    let own_note = match own {
+        Some(own) if own != ctx => format!("; the model's own is {own}"),
+        _ => String::new(),
+    };
+    match (args.model.ctx, args.model.kv_memory) {
+        (Some(c), Some(_)) if c > ctx => {
+            format!("--ctx {c} cut to what the --kv-memory pool holds")
+        }
+        (Some(_), _) => "set by --ctx".to_string(),
+        (None, Some(_)) if own == Some(ctx) => {
+            "the model's own, which the --kv-memory pool holds".to_string()
+        }
+        (None, Some(_)) => format!("the longest the --kv-memory pool holds{own_note}"),
+        (None, None) if own == Some(ctx) => "the model's own".to_string(),
+        (None, None) if ctx == DEFAULT_CTX => format!(
+            "serve's default, each of --max-seqs {} sequences able to reach it at once{own_note}: \
+             set --ctx, or --kv-memory to share a pool",
+            args.max_seqs
+        ),
+        (None, None) => format!("the longest that fits in memory{own_note}"),
+    }
+}
+
 /// The machine must hold the model, its KV pool and the drafters' KV
 /// caches (`draft_kv` bytes) at once, a separate draft model's weights, and
 /// the cache of earlier outputs at its bound (`traffic` bytes).
@@ -179,7 +208,7 @@ fn check_memory_with_drafts(
     let draft_weights = match args.spec.mode()? {
         SpecMode::DraftModel(p) => {
             spindle_plan::ModelShape::from_path(&p)
-                .with_context(|| format!("cannot plan {}", p.display()))?
+                .with_context(|| format!("--spec draft:PATH: cannot plan {}", p.display()))?
                 .weights
                 .bytes
         }
@@ -256,6 +285,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         _ => kv_pool(&args, &path, &draft_bytes)?,
     };
     check_memory_with_drafts(&args, &path, ctx, draft_bytes(ctx), traffic_bytes)?;
+    eprintln!(
+        "context: {ctx} tokens per sequence ({})",
+        ctx_reason(&args, &path, ctx)
+    );
     let tok = tokenizer(&loaded)?.clone();
     let ty = args.model.kv_type(&loaded.model)?;
     let mut layout = loaded.model.kv_layout(ty, ctx, args.max_seqs);

@@ -1,35 +1,71 @@
 //! `spindle tokenize` and `spindle detokenize`.
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::options::{parse_ids, ModelArgs};
+use crate::options::{parse_ids, read_text_arg, ModelPathArgs};
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelPathArgs,
     /// Do not add the BOS token.
     #[arg(long = "no-bos")]
     pub no_bos: bool,
     /// Treat special-token text (like `<start_of_turn>`) as plain text.
     #[arg(long = "no-special")]
     pub no_special: bool,
-    pub text: String,
+    /// Read the text from this file (`-`: standard input), byte for byte.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "text"
+    )]
+    pub file: Option<PathBuf>,
+    /// The text; `-` reads it from standard input, byte for byte (a final
+    /// newline is tokenized too).
+    pub text: Option<String>,
 }
 
 #[derive(Args, Debug)]
 pub struct DetokenizeArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// Token ids: "2,818,1234" or "[2, 818, 1234]".
-    pub ids: String,
+    pub model: ModelPathArgs,
+    /// Read the ids from this file (`-`: standard input).
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "ids"
+    )]
+    pub file: Option<PathBuf>,
+    /// Token ids: "2,818,1234" or "[2, 818, 1234]" (the output of
+    /// `tokenize`); `-` reads them from standard input.
+    pub ids: Option<String>,
+}
+
+/// The positional argument, `-` meaning standard input, or `-f FILE`.
+fn input(positional: &Option<String>, file: &Option<PathBuf>) -> Result<String> {
+    match (positional, file) {
+        (Some(t), None) if t == "-" => read_text_arg("-", &PathBuf::from("-")),
+        (Some(t), None) => Ok(t.clone()),
+        (None, Some(f)) => read_text_arg("-f", f),
+        // clap refuses both.
+        (Some(_), Some(_)) => bail!("give the input once: as an argument or with -f"),
+        (None, None) => {
+            bail!("no input: give it as an argument, `-` for standard input, or -f FILE")
+        }
+    }
 }
 
 pub fn tokenize(args: TokenizeArgs) -> Result<()> {
+    let text = input(&args.text, &args.file)?;
     let tok = args.model.load_tokenizer()?;
     let ids = tok.encode(
-        &args.text,
+        &text,
         !args.no_bos && tok.bos_id().is_some(),
         !args.no_special,
     )?;
@@ -38,10 +74,10 @@ pub fn tokenize(args: TokenizeArgs) -> Result<()> {
 }
 
 pub fn detokenize(args: DetokenizeArgs) -> Result<()> {
-    let ids = parse_ids(&args.ids)?;
+    let ids = parse_ids(&input(&args.ids, &args.file)?)?;
     let tok = args.model.load_tokenizer()?;
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= tok.vocab_size()) {
-        anyhow::bail!(
+        bail!(
             "token id {bad} is outside the vocabulary of {}",
             tok.vocab_size()
         );
