@@ -4,6 +4,7 @@ mod commands;
 mod grammar;
 mod home;
 mod options;
+mod progress;
 mod speculation;
 
 use clap::{Parser, Subcommand};

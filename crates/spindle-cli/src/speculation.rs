@@ -7,9 +7,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use spindle_engine::speculative::{
-    generate_speculative, generate_speculative_on, DraftSource, Drafter, TrafficConfig, TreeBudget,
+    generate_speculative_on, DraftSource, Drafter, TrafficConfig, TreeBudget,
 };
-use spindle_engine::{generate, generate_on, GenerateOutput, GenerateRequest};
+use spindle_engine::{generate_on, GenerateOutput, GenerateRequest};
 use spindle_model::{KvCache, Model, SeqId};
 
 #[derive(Args, Debug, Clone)]
@@ -148,32 +148,11 @@ impl SpecArgs {
     }
 }
 
-/// Generates with `drafter` when there is one, else plainly.
-pub fn generate_with(
-    model: &Model,
-    kv: &mut KvCache,
-    req: &GenerateRequest,
-    drafter: Option<&mut Box<dyn Drafter>>,
-    budget: usize,
-    on_token: impl FnMut(u32) -> bool,
-) -> Result<GenerateOutput> {
-    Ok(match drafter {
-        Some(d) => generate_speculative(
-            model,
-            kv,
-            req,
-            d.as_mut(),
-            &mut TreeBudget::new(budget),
-            on_token,
-        )?,
-        None => generate(model, kv, req, on_token)?,
-    })
-}
-
-/// [`generate_with`] on an open sequence that keeps its KV (a chat's): it
-/// may hold the KV of a prefix of the prompt, and only the rest is
-/// prefilled. The tree budget is the caller's, so it keeps what it learned
-/// across turns.
+/// Generates on an open sequence that keeps its KV (a chat's, or one a
+/// progress bar prefilled), with the drafter when there is one, else
+/// plainly: the sequence may hold the KV of a prefix of the prompt, and
+/// only the rest is prefilled. The tree budget is the caller's, so a chat
+/// keeps what it learned across turns.
 pub fn generate_on_with(
     model: &Model,
     kv: &mut KvCache,

@@ -155,3 +155,49 @@ fn chat_in_a_terminal() {
     say(&mut s, "Hi.");
     quit(s);
 }
+
+/// A long prompt in a terminal shows a prefill bar once it has run a
+/// second, and the bar's smaller passes change nothing: the same greedy
+/// text as the same command with standard error piped (no bar).
+#[test]
+fn a_long_prompt_shows_a_prefill_bar_and_the_same_text() {
+    let Some(m) = common::real_model() else {
+        return;
+    };
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .unwrap_or_else(|_| "The quick brown fox jumps over the lazy dog. ".repeat(300));
+    let dir = std::env::temp_dir().join(format!("spindle-bar-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompt = dir.join("long.txt");
+    // About 3,000 tokens: several seconds of prefill on 2 cores.
+    std::fs::write(&prompt, &text[..text.len().min(14_000)]).unwrap();
+    let args = |cmd: &mut Command| {
+        cmd.args(["run", "-m"])
+            .arg(&m)
+            .arg("-f")
+            .arg(&prompt)
+            .args(["-n", "6", "--temp", "0", "-t", "2", "--spec", "off"]);
+    };
+    let mut piped = Command::new(env!("CARGO_BIN_EXE_spindle"));
+    args(&mut piped);
+    let piped = piped.output().unwrap();
+    assert!(piped.status.success());
+    let piped_err = String::from_utf8_lossy(&piped.stderr);
+    assert!(
+        !piped_err.contains("prefill ["),
+        "no bar when piped: {piped_err}"
+    );
+    let expected = String::from_utf8_lossy(&piped.stdout).trim().to_string();
+    assert!(!expected.is_empty());
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_spindle"));
+    args(&mut cmd);
+    let mut s = Session::spawn(cmd).expect("spawn spindle run in a pty");
+    s.set_expect_timeout(Some(Duration::from_secs(120)));
+    s.expect(Regex(r"prefill \[[=> ]+\] \d+/\d+ tokens"))
+        .expect("a prefill bar");
+    s.expect(expected.as_str())
+        .expect("the same text in a terminal as piped");
+    s.expect(Eof).expect("the run ends");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -21,6 +21,7 @@ use spindle_model::{KvCache, Model, SeqId};
 use crate::commands::run::{context_full, encode_chat};
 use crate::grammar::GrammarArgs;
 use crate::options::{tokenizer, ModelArgs, SamplingArgs};
+use crate::progress::prefill_with_bar;
 use crate::speculation::{generate_on_with, SpecArgs};
 
 #[derive(Args, Debug)]
@@ -218,13 +219,21 @@ impl Session<'_> {
             }
             !stop.load(Ordering::SeqCst)
         };
-        let result = generate_on_with(
-            self.model,
-            &mut self.kv,
-            self.seq,
-            &req,
-            self.drafter.as_mut().map(|d| (d, &mut self.policy)),
-            &mut on_token,
+        // A long new part is prefilled first with a progress bar (on a
+        // terminal); the generation then runs only the last prompt token.
+        let result = prefill_with_bar(self.model, &mut self.kv, self.seq, &req.prompt).and_then(
+            |prefilled| {
+                let mut out = generate_on_with(
+                    self.model,
+                    &mut self.kv,
+                    self.seq,
+                    &req,
+                    self.drafter.as_mut().map(|d| (d, &mut self.policy)),
+                    &mut on_token,
+                )?;
+                prefilled.add_to(&mut out.stats);
+                Ok(out)
+            },
         );
         let out = match result {
             Ok(out) => out,

@@ -12,7 +12,9 @@ use spindle_model::tokenizer::Tokenizer;
 
 use crate::grammar::GrammarArgs;
 use crate::options::{prompt_text, tokenizer, ModelArgs, SamplingArgs};
-use crate::speculation::{generate_with, SpecArgs};
+use crate::progress::prefill_with_bar;
+use crate::speculation::{generate_on_with, SpecArgs};
+use spindle_engine::speculative::TreeBudget;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -90,13 +92,18 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut decoder = tok.stream_decoder();
     let mut stdout = std::io::stdout().lock();
     let streaming = !args.json;
-    let out = generate_with(
+    // One sequence: a long prompt is first prefilled with a progress bar
+    // (on a terminal), then the generation runs only its last token.
+    let seq = kv.add_sequence()?;
+    let mut policy = TreeBudget::new(args.spec.spec_budget);
+    let prefilled = prefill_with_bar(&loaded.model, &mut kv, seq, &prompt)?;
+    let result = generate_on_with(
         &loaded.model,
         &mut kv,
+        seq,
         &req,
-        drafter.as_mut(),
-        args.spec.spec_budget,
-        |id| {
+        drafter.as_mut().map(|d| (d, &mut policy)),
+        &mut |id| {
             if streaming {
                 if let Some(piece) = decoder.push(id) {
                     // A closed stdout (e.g. `| head`) stops generation quietly.
@@ -111,7 +118,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
             true
         },
-    )?;
+    );
+    kv.remove_sequence(seq);
+    let mut out = result?;
+    prefilled.add_to(&mut out.stats);
     if streaming {
         if let Some(rest) = decoder.flush() {
             let _ = stdout.write_all(rest.as_bytes());

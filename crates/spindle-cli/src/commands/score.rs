@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
-use spindle_engine::score::score;
+use spindle_engine::score::{score_positions, top_k, PositionScore};
 
 use crate::options::{parse_ids, prompt_text, tokenizer, ModelArgs};
+use crate::progress::LazyBar;
 
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
@@ -40,7 +41,20 @@ pub fn run(args: ScoreArgs) -> Result<()> {
         }
     };
     let mut kv = args.model.kv_cache(&loaded, Some(ids.len().max(1)))?;
-    let positions = score(&loaded.model, &mut kv, &ids, args.top)?;
+    // The engine's `score`, with a progress bar over the positions (shown
+    // on a terminal once scoring has run a second).
+    let mut bar = LazyBar::new(ids.len(), "scoring");
+    let mut positions = Vec::with_capacity(ids.len().saturating_sub(1));
+    score_positions(&loaded.model, &mut kv, &ids, 0, |i, lp| {
+        let id = ids[i + 1];
+        positions.push(PositionScore {
+            id,
+            logprob: lp[id as usize],
+            top: top_k(lp, args.top),
+        });
+        bar.set(i + 2);
+    })?;
+    bar.finish();
     if args.json {
         println!(
             "{}",
