@@ -346,6 +346,7 @@ fn run_says_when_the_context_is_full() {
     let o = spindle(&a.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("finish: context"), "{err}");
+    assert!(err.contains("(set by --ctx)"), "the context and why: {err}");
     let a = args(true);
     let o = spindle(&a.iter().map(String::as_str).collect::<Vec<_>>());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -128,6 +128,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         let _ = writeln!(stdout);
         print_stats(&out, loaded.model.n_threads(), sampler.seed, args.n);
+        if context_full(&out, args.n) {
+            // Say how big the context was, why, and how to make it bigger.
+            eprintln!(
+                "context: {} tokens ({})",
+                kv.max_len(),
+                args.model.ctx_reason(kv.max_len())
+            );
+        }
     } else {
         let text = tok.decode(&out.tokens)?;
         println!(
