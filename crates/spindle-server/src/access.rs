@@ -7,20 +7,18 @@
 //! its headers went out.
 
 use std::fmt::Write as _;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
-use http_body::{Frame, SizeHint};
 use sha2::{Digest, Sha256};
 
 use crate::generation::DraftCounts;
+use crate::guarded_body::Guarded;
 
 /// The `tracing` target of the access log (`SPINDLE_LOG=spindle::access=off`
 /// silences it).
@@ -191,39 +189,13 @@ pub(crate) async fn log_access(mut req: Request, next: Next) -> Response {
     req.extensions_mut().insert(access.clone());
     let resp = next.run(req).await;
     access.set_status(resp.status().as_u16());
+    // The line is written when the body is over, so a stream logs once.
     resp.map(|body| {
-        Body::new(Logged {
+        Body::new(Guarded {
             body,
-            _access: access,
+            _guard: access,
         })
     })
-}
-
-/// A response body that keeps the request's [`Access`] alive until the
-/// body is dropped (written out, or abandoned by the client).
-struct Logged {
-    body: Body,
-    _access: Access,
-}
-
-impl http_body::Body for Logged {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
 }
 
 #[cfg(test)]

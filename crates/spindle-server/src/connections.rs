@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::Router;
@@ -39,6 +39,7 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use crate::error::ApiError;
+use crate::guarded_body::Guarded;
 
 /// What a connection may take; flags of `spindle serve`.
 #[derive(Debug, Clone)]
@@ -310,9 +311,10 @@ impl Server {
                             .into_response(),
                         }
                     };
-                    Ok::<_, Infallible>(resp.map(|inner| GuardedBody {
-                        inner,
-                        _in_flight: in_flight,
+                    // The request stays in flight until its body is written.
+                    Ok::<_, Infallible>(resp.map(|body| Guarded {
+                        body,
+                        _guard: in_flight,
                     }))
                 }
             }
@@ -434,32 +436,6 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.touch();
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A response body that holds its request's [`InFlight`] until written.
-struct GuardedBody {
-    inner: Body,
-    _in_flight: InFlight,
-}
-
-impl http_body::Body for GuardedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 

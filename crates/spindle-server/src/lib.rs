@@ -11,6 +11,7 @@ mod cors;
 mod decide;
 mod error;
 mod generation;
+mod guarded_body;
 pub mod openai;
 mod props;
 mod routes;
