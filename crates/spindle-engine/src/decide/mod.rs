@@ -18,6 +18,7 @@
 //! its own suffix, and rows do not change with what else is in the batch,
 //! so answers do not depend on option order or on the other questions.
 
+mod answers;
 mod normalize;
 mod prompt;
 

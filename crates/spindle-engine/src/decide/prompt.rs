@@ -1,21 +1,21 @@
 //! A decision as tokens: the state, each question's suffix, and the
-//! options as a token tree under it.
+//! options as a token tree under it (the answers from its scores are
+//! `answers.rs`).
 
 use std::collections::HashMap;
 
 use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
-use super::normalize::normalize;
 use super::prior_cache::{self, PriorCache};
 use super::{
-    Answer, Debias, DecideError, DecisionRequest, Kind, Mode, OptionSpec, Question, State,
-    MAX_LABELS, MAX_OPTIONS, MAX_TREE_TOKENS,
+    Debias, DecideError, DecisionRequest, Kind, Mode, OptionSpec, Question, State, MAX_LABELS,
+    MAX_OPTIONS, MAX_TREE_TOKENS,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::sampler::SamplerConfig;
-use crate::scheduler::{Event, Request, RequestParams, ScoreTree, TreeScores};
+use crate::scheduler::{Event, Request, RequestParams, ScoreTree};
 
 /// A decision ready to run: the state's tokens (the prompt), the tree the
 /// engine scores after them, and where each option's scores land.
@@ -23,34 +23,34 @@ use crate::scheduler::{Event, Request, RequestParams, ScoreTree, TreeScores};
 pub struct DecisionPlan {
     pub prompt: Vec<u32>,
     pub tree: ScoreTree,
-    mode: Mode,
-    questions: Vec<PlannedQuestion>,
+    pub(super) mode: Mode,
+    pub(super) questions: Vec<PlannedQuestion>,
 }
 
 #[derive(Debug, Clone)]
-struct PlannedQuestion {
-    id: String,
-    kind: Kind,
-    labels: Vec<String>,
+pub(super) struct PlannedQuestion {
+    pub(super) id: String,
+    pub(super) kind: Kind,
+    pub(super) labels: Vec<String>,
     /// Tokens of the question's suffix (before any option token).
-    suffix: usize,
+    pub(super) suffix: usize,
     /// Per option: indices into the tree's `scored` (its tokens, first
     /// token first) and into its `ends`. Empty in `label` mode.
-    options: Vec<(Vec<usize>, usize)>,
+    pub(super) options: Vec<(Vec<usize>, usize)>,
     /// `label` mode: per listing (one, or one per cyclic shift), per option
     /// in the order asked, the index into the tree's `ends` of its label.
-    listings: Vec<Vec<usize>>,
+    pub(super) listings: Vec<Vec<usize>>,
     /// With `prior`: the same for each listing after the content-free
     /// state (parallel to `listings`).
-    priors: Vec<Vec<usize>>,
+    pub(super) priors: Vec<Vec<usize>>,
     /// With `prior` in the other modes: `options` after the content-free
     /// state.
-    prior_options: Vec<(Vec<usize>, usize)>,
+    pub(super) prior_options: Vec<(Vec<usize>, usize)>,
     /// With `prior`: the content-free option log-softmax when a cache had
     /// it (then there is no content-free branch), else the key to keep it
     /// under once scored.
-    prior_kept: Option<Vec<f64>>,
-    prior_key: Option<Vec<u32>>,
+    pub(super) prior_kept: Option<Vec<f64>>,
+    pub(super) prior_key: Option<Vec<u32>>,
 }
 
 /// The state's tokens, each asked text's suffix, and how options follow.
@@ -291,91 +291,6 @@ impl DecisionPlan {
             mode: req.mode,
             questions,
         })
-    }
-
-    /// The answers, in the order of the questions, from the engine's scores
-    /// of [`DecisionPlan::tree`].
-    pub fn answers(&self, scores: &TreeScores) -> Result<Vec<Answer>, DecideError> {
-        self.answers_with(scores, None)
-    }
-
-    /// [`DecisionPlan::answers`], keeping the content-free answers this
-    /// pass scored in `cache` for the next decision that asks the same.
-    pub fn answers_with(
-        &self,
-        scores: &TreeScores,
-        cache: Option<&PriorCache>,
-    ) -> Result<Vec<Answer>, DecideError> {
-        self.questions
-            .iter()
-            .map(|q| {
-                if self.mode == Mode::Label {
-                    return normalize(&q.id, q.kind, &q.labels, &label_scores(q, scores));
-                }
-                // Each part of the mode's score, normalised over the
-                // options (`blend` has two; the others one).
-                let parts_of = |options: &[(Vec<usize>, usize)]| -> Vec<Vec<f64>> {
-                    let first = || -> Vec<f64> {
-                        options.iter().map(|(s, _)| scores.scored[s[0]]).collect()
-                    };
-                    let total = |per_token: bool| -> Vec<f64> {
-                        options
-                            .iter()
-                            .map(|(scored, end)| {
-                                let sum = scored.iter().map(|&s| scores.scored[s]).sum::<f64>()
-                                    + scores.ends[*end];
-                                if per_token {
-                                    sum / (scored.len() + 1) as f64
-                                } else {
-                                    sum
-                                }
-                            })
-                            .collect()
-                    };
-                    let parts = match self.mode {
-                        Mode::FirstToken => vec![first()],
-                        Mode::Sum => vec![total(false)],
-                        Mode::Mean => vec![total(true)],
-                        Mode::Blend if distinct_first_tokens(options) => {
-                            vec![total(false), first()]
-                        }
-                        Mode::Blend => vec![total(false)],
-                        Mode::Label => unreachable!("label questions return above"),
-                    };
-                    parts.iter().map(|p| log_softmax_of(p)).collect()
-                };
-                let mut parts = parts_of(&q.options);
-                // The content-free parts, kept flat (part after part) in
-                // the cache.
-                let prior: Option<Vec<f64>> = match (&q.prior_kept, q.prior_options.is_empty()) {
-                    (Some(kept), _) => Some(kept.clone()),
-                    (None, false) => {
-                        let prior: Vec<f64> =
-                            parts_of(&q.prior_options).into_iter().flatten().collect();
-                        if let (Some(c), Some(k)) = (cache, &q.prior_key) {
-                            if prior.iter().all(|p| p.is_finite()) {
-                                c.insert(k.clone(), prior.clone());
-                            }
-                        }
-                        Some(prior)
-                    }
-                    (None, true) => None,
-                };
-                if let Some(prior) = prior {
-                    // The content-free state's own preferences divided out.
-                    let n = q.options.len();
-                    for (part, p) in parts.iter_mut().zip(prior.chunks(n)) {
-                        part.iter_mut().zip(p).for_each(|(s, p)| *s -= p);
-                    }
-                }
-                // A geometric mean of the parts (renormalised below).
-                let k = parts.len() as f64;
-                let option_scores: Vec<f64> = (0..q.options.len())
-                    .map(|i| parts.iter().map(|p| p[i]).sum::<f64>() / k)
-                    .collect();
-                normalize(&q.id, q.kind, &q.labels, &option_scores)
-            })
-            .collect()
     }
 
     /// The engine request that scores this plan; its events go to `events`.
@@ -687,45 +602,6 @@ fn label_tokens(tokenizer: &Tokenizer, prefix: &str, n: usize) -> Result<Vec<u32
             }
         })
         .collect()
-}
-
-/// A `label` question's option scores: per listing, the log-softmax of
-/// the letters' log-probabilities (less, with `prior`, the content-free
-/// listing's: the prior divided out); averaged over the listings.
-fn label_scores(q: &PlannedQuestion, scores: &TreeScores) -> Vec<f64> {
-    let log_softmax = |ends: &[usize]| -> Vec<f64> {
-        let raw: Vec<f64> = ends.iter().map(|&e| scores.ends[e]).collect();
-        log_softmax_of(&raw)
-    };
-    let n = q.labels.len();
-    let mut total = vec![0.0f64; n];
-    for (j, ends) in q.listings.iter().enumerate() {
-        let mut lp = log_softmax(ends);
-        if let Some(prior) = q.priors.get(j) {
-            let cf = log_softmax(prior);
-            let calibrated: Vec<f64> = lp.iter().zip(&cf).map(|(a, b)| a - b).collect();
-            lp = log_softmax_of(&calibrated);
-        }
-        for (t, l) in total.iter_mut().zip(&lp) {
-            *t += l;
-        }
-    }
-    let k = q.listings.len().max(1) as f64;
-    total.iter().map(|t| t / k).collect()
-}
-
-/// Whether every option starts with its own token (the tree shares a node
-/// between options that start alike).
-fn distinct_first_tokens(options: &[(Vec<usize>, usize)]) -> bool {
-    let mut firsts: Vec<usize> = options.iter().map(|(s, _)| s[0]).collect();
-    firsts.sort_unstable();
-    firsts.windows(2).all(|w| w[0] != w[1])
-}
-
-fn log_softmax_of(x: &[f64]) -> Vec<f64> {
-    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let lse = max + x.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
-    x.iter().map(|r| r - lse).collect()
 }
 
 /// The question as asked: its text, else a score's criteria, else its id
