@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
-use spindle_model::{Batch, KvCache, Model, Row};
+use spindle_model::{Batch, Hidden, KvCache, Model, Row};
 
 use crate::error::EngineError;
-use crate::sampler::SamplerConfig;
+use crate::sampler::{choose_bounded, sample, SamplerConfig};
 
 /// Mean, standard deviation and median of repeated measurements.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -124,6 +124,104 @@ pub fn time_decode(
             kv.commit(seq, &[0])?;
         }
         Ok(t.elapsed().as_secs_f64())
+    };
+    let r = run(kv);
+    kv.remove_sequence(seq);
+    r
+}
+
+/// The greedy token of batch row `row` as decoding finds it: from the
+/// head's screen and a few exact logits where the model has a screen,
+/// else (or when too many tokens stay candidates) from the full head.
+pub fn chosen_token(model: &Model, hidden: &Hidden, row: usize) -> Result<u32, EngineError> {
+    let cfg = SamplerConfig::default();
+    if let Some(b) = model.head_bounds(hidden, &[row])? {
+        let mut exact = |ids: &[u32]| model.logits_of(hidden, row, ids);
+        let chosen = choose_bounded(&cfg, &b.ub, b.likeliest[0], 0, &mut exact)?;
+        model.record_screen(chosen.is_some());
+        if let Some(t) = chosen {
+            return Ok(t);
+        }
+    }
+    let l = model.logits(hidden, &[row])?;
+    Ok(sample(&cfg, l.row(row).expect("asked for"), &[], 0))
+}
+
+/// [`time_decode`] with each pass choosing its greedy token as decoding
+/// does ([`chosen_token`]: the head's screen where the model has one)
+/// instead of computing every logit.
+pub fn time_decode_chosen(
+    model: &Model,
+    kv: &mut KvCache,
+    n: usize,
+    depth: usize,
+    salt: u64,
+) -> Result<f64, EngineError> {
+    let toks = bench_tokens(n + 1, model.config.vocab_size, salt);
+    let seq = sequence_at_depth(kv, depth)?;
+    let run = |kv: &mut KvCache| -> Result<f64, EngineError> {
+        let mut t = Instant::now();
+        for (i, &tok) in toks.iter().enumerate() {
+            let mut b = Batch::new();
+            b.push(Row {
+                token: tok,
+                pos: depth + i,
+                seq,
+                parent: None,
+                logits: true,
+            });
+            let hidden = model.forward_hidden(&b, kv)?;
+            kv.commit(seq, &[0])?;
+            if i == 0 {
+                // The context pass, as in time_decode, is not timed.
+                t = Instant::now();
+                continue;
+            }
+            chosen_token(model, &hidden, 0)?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let r = run(kv);
+    kv.remove_sequence(seq);
+    r
+}
+
+/// [`time_rows`] with only the last row's greedy token chosen, through
+/// the head's screen where the model has one: a verification pass whose
+/// walk reads one row.
+pub fn time_rows_chosen(
+    model: &Model,
+    kv: &mut KvCache,
+    rows: usize,
+    context: usize,
+    reps: usize,
+) -> Result<Summary, EngineError> {
+    let vocab = model.config.vocab_size;
+    let seq = kv.add_sequence()?;
+    let run = |kv: &mut KvCache| -> Result<Summary, EngineError> {
+        if context > 0 {
+            let ctx = bench_tokens(context, vocab, 7);
+            let mut b = Batch::new();
+            let r = b.push_chain(seq, 0, &ctx, |_| false);
+            model.forward(&b, kv)?;
+            kv.commit(seq, &r.collect::<Vec<_>>())?;
+        }
+        let toks = bench_tokens(rows, vocab, 11);
+        let mut b = Batch::new();
+        b.push_chain(seq, context, &toks, |_| true);
+        let pass = |kv: &mut KvCache| -> Result<(), EngineError> {
+            let hidden = model.forward_hidden(&b, kv)?;
+            chosen_token(model, &hidden, rows - 1)?;
+            Ok(())
+        };
+        pass(kv)?; // warm-up
+        let mut samples = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            pass(kv)?;
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        Ok(Summary::of(samples))
     };
     let r = run(kv);
     kv.remove_sequence(seq);

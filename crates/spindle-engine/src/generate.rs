@@ -3,11 +3,12 @@
 
 use std::time::Instant;
 
-use spindle_model::{Batch, KvCache, Model, Row, SeqId};
+use spindle_model::{Batch, KvCache, Model, ModelError, Row, SeqId};
 
 use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::sampler::{sample, SamplerConfig};
+use crate::speculative::verify::{LazyLogits, LazyRow};
 
 /// Longest chain run in one prefill pass; longer prompts take several.
 pub const PREFILL_CHUNK: usize = 2048;
@@ -33,6 +34,7 @@ impl GenerateRequest {
             logit_bias: &[],
             max_tokens: self.max_tokens,
             max_len,
+            needs_logits: false,
         }
     }
 }
@@ -228,7 +230,7 @@ pub fn generate_on(
         ..Default::default()
     };
     let t0 = Instant::now();
-    let (mut logits, passes, prefilled) = prefill_rest(model, kv, seq, &req.prompt)?;
+    let (logits, passes, prefilled) = prefill_rest(model, kv, seq, &req.prompt)?;
     stats.prompt_seconds = t0.elapsed().as_secs_f64();
     stats.passes = passes;
     stats.prefilled_tokens = prefilled;
@@ -238,19 +240,38 @@ pub fn generate_on(
     let mut history = req.prompt.clone();
     let mut generated = 0;
     let mut constraint = req.constraint.clone();
-    let mut on_token = |t: u32, _: &[f32]| on_token(t);
+    let mut on_token = |t: u32, _: Option<&[f32]>| on_token(t);
+    // The prompt's last row comes with its logits; each pass after it
+    // gives a hidden state, whose head runs only as far as choosing needs.
+    let mut lazy: Option<LazyLogits> = None;
     let finish = loop {
         if generated >= req.max_tokens {
             break FinishReason::Length;
         }
-        let token = match next_token(
-            &rules,
-            &logits,
-            &mut history,
-            &mut generated,
-            constraint.as_mut(),
-            &mut on_token,
-        ) {
+        let next = match lazy.as_mut() {
+            None => next_token(
+                &rules,
+                &mut FullRow(&logits),
+                &mut history,
+                &mut generated,
+                constraint.as_mut(),
+                &mut on_token,
+            )?,
+            Some(l) => next_token(
+                &rules,
+                &mut LazyRow {
+                    model,
+                    logits: l,
+                    row: 0,
+                    more: vec![0],
+                },
+                &mut history,
+                &mut generated,
+                constraint.as_mut(),
+                &mut on_token,
+            )?,
+        };
+        let token = match next {
             Next::Token(t) => t,
             Next::End(reason) => break reason,
         };
@@ -263,11 +284,16 @@ pub fn generate_on(
             logits: true,
         });
         let preparing = constraint.as_mut().map(|c| (c, Vec::new()));
-        let l = prepare_during(model.n_threads(), preparing, || model.forward(&batch, kv))?;
+        let hidden = prepare_during(model.n_threads(), preparing, || {
+            model.forward_hidden(&batch, kv)
+        })?;
+        if let Some(row) = hidden.first_non_finite_row() {
+            return Err(ModelError::NonFiniteActivations { row }.into());
+        }
         kv.commit(seq, &[0])?;
         stats.passes += 1;
         stats.decode_passes += 1;
-        logits = l.row(0).expect("asked for logits").to_vec();
+        lazy = Some(LazyLogits::new(hidden));
     };
     stats.gen_tokens = generated;
     stats.gen_seconds = t1.elapsed().as_secs_f64();
@@ -330,6 +356,16 @@ pub struct TokenRules<'a> {
     pub max_tokens: usize,
     /// Longest sequence, prompt included (the context).
     pub max_len: usize,
+    /// Every chosen token's full logits are wanted (log-probabilities).
+    pub needs_logits: bool,
+}
+
+impl TokenRules<'_> {
+    /// Whether a row's token can be chosen from the head's bounds and a
+    /// few exact logits ([`crate::sampler::choose_bounded`]).
+    pub fn chooses_from_bounds(&self) -> bool {
+        !self.needs_logits && self.logit_bias.is_empty() && self.sampler.chooses_from_bounds()
+    }
 }
 
 /// What [`next_token`] decided.
@@ -345,8 +381,13 @@ pub enum Next {
 /// One step of plain decoding, from the logits of the last position of
 /// `history` (prompt and emitted tokens): sample the token at the next
 /// position (keyed by seed and position), end at a stop token, emit it
-/// (`on_token(token, logits)` returns false to cancel), then end at the
-/// token limit or the context.
+/// (`on_token(token, logits)` returns false to cancel; the logits are
+/// there when they were computed, always when [`TokenRules::needs_logits`]),
+/// then end at the token limit or the context.
+///
+/// `logits` gives the full row, or where the rules allow only the token
+/// the sampler chooses, found from the head's bounds ([`RowLogits`]): the
+/// same token either way.
 ///
 /// Under a `constraint`, tokens the grammar forbids get minus infinity
 /// before sampling (stop tokens stay allowed where the output may end), the
@@ -354,22 +395,24 @@ pub enum Next {
 /// generation (`Stop`).
 pub fn next_token(
     rules: &TokenRules,
-    logits: &[f32],
+    logits: &mut dyn RowLogits,
     history: &mut Vec<u32>,
     generated: &mut usize,
     mut constraint: Option<&mut Constraint>,
-    on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
-) -> Next {
+    on_token: &mut dyn FnMut(u32, Option<&[f32]>) -> bool,
+) -> Result<Next, EngineError> {
     let pos = history.len();
-    let token = if rules.logit_bias.is_empty() && constraint.is_none() {
-        sample(rules.sampler, logits, history, pos)
-    } else {
-        let mut adjusted = logits.to_vec();
-        for &(id, b) in rules.logit_bias {
-            if let Some(v) = adjusted.get_mut(id as usize) {
-                *v += b;
+    let chosen = |logits: &mut dyn RowLogits, history: &[u32]| -> Result<u32, EngineError> {
+        if rules.chooses_from_bounds() {
+            if let Some(t) = logits.chosen(rules.sampler, pos)? {
+                return Ok(t);
             }
         }
+        Ok(sample(rules.sampler, logits.full()?, history, pos))
+    };
+    let token = if rules.logit_bias.is_empty() && constraint.is_none() {
+        chosen(logits, history)?
+    } else {
         match constraint.as_deref_mut() {
             // The mask only matters when the token drawn without it is one
             // the grammar forbids: drawing from all tokens gives the token
@@ -377,40 +420,95 @@ pub fn next_token(
             // or sampling with no top-k/top-p/min-p cut), so the mask is
             // computed only then.
             Some(c) if rules.sampler.is_greedy() || rules.sampler.filters_nothing() => {
-                let t = sample(rules.sampler, &adjusted, history, pos);
+                let t = if rules.logit_bias.is_empty() {
+                    chosen(logits, history)?
+                } else {
+                    sample(rules.sampler, &biased(rules, logits.full()?), history, pos)
+                };
                 if c.allows(t, rules.stop_ids) {
                     t
-                } else if c.mask_logits(&mut adjusted, rules.stop_ids) {
-                    sample(rules.sampler, &adjusted, history, pos)
                 } else {
-                    return Next::End(FinishReason::Stop);
+                    let mut adjusted = biased(rules, logits.full()?);
+                    if !c.mask_logits(&mut adjusted, rules.stop_ids) {
+                        return Ok(Next::End(FinishReason::Stop));
+                    }
+                    sample(rules.sampler, &adjusted, history, pos)
                 }
             }
             Some(c) => {
+                let mut adjusted = biased(rules, logits.full()?);
                 if !c.mask_logits(&mut adjusted, rules.stop_ids) {
-                    return Next::End(FinishReason::Stop);
+                    return Ok(Next::End(FinishReason::Stop));
                 }
                 sample(rules.sampler, &adjusted, history, pos)
             }
-            None => sample(rules.sampler, &adjusted, history, pos),
+            None => sample(rules.sampler, &biased(rules, logits.full()?), history, pos),
         }
     };
     if rules.stop_ids.contains(&token) {
-        return Next::End(FinishReason::Stop);
+        return Ok(Next::End(FinishReason::Stop));
     }
     history.push(token);
     *generated += 1;
     if let Some(c) = constraint.as_deref_mut() {
         c.consume(token);
     }
-    if !on_token(token, logits) {
-        return Next::End(FinishReason::Cancelled);
+    let shown = if rules.needs_logits {
+        Some(logits.full()?)
+    } else {
+        logits.computed()
+    };
+    if !on_token(token, shown) {
+        return Ok(Next::End(FinishReason::Cancelled));
     }
     if constraint.is_some_and(|c| c.is_done()) {
-        return Next::End(FinishReason::Stop);
+        return Ok(Next::End(FinishReason::Stop));
     }
     if *generated >= rules.max_tokens || pos + 1 >= rules.max_len {
-        return Next::End(FinishReason::Length);
+        return Ok(Next::End(FinishReason::Length));
     }
-    Next::Token(token)
+    Ok(Next::Token(token))
+}
+
+/// The logits with the rules' `logit_bias` added.
+fn biased(rules: &TokenRules, logits: &[f32]) -> Vec<f32> {
+    let mut adjusted = logits.to_vec();
+    for &(id, b) in rules.logit_bias {
+        if let Some(v) = adjusted.get_mut(id as usize) {
+            *v += b;
+        }
+    }
+    adjusted
+}
+
+/// One row's logits as [`next_token`] reads them: every logit, or only the
+/// token the sampler would choose from them.
+pub trait RowLogits {
+    /// Every logit of the row (computed now if it was not).
+    fn full(&mut self) -> Result<&[f32], EngineError>;
+
+    /// The token `sample(cfg, logits, _, position)` chooses, found without
+    /// every logit (`cfg` satisfies [`SamplerConfig::chooses_from_bounds`]);
+    /// `None` when that is not cheaper here.
+    fn chosen(&mut self, cfg: &SamplerConfig, position: usize) -> Result<Option<u32>, EngineError>;
+
+    /// Every logit, if they were computed.
+    fn computed(&self) -> Option<&[f32]>;
+}
+
+/// A row whose logits are all there.
+pub struct FullRow<'a>(pub &'a [f32]);
+
+impl RowLogits for FullRow<'_> {
+    fn full(&mut self) -> Result<&[f32], EngineError> {
+        Ok(self.0)
+    }
+
+    fn chosen(&mut self, _: &SamplerConfig, _: usize) -> Result<Option<u32>, EngineError> {
+        Ok(None)
+    }
+
+    fn computed(&self) -> Option<&[f32]> {
+        Some(self.0)
+    }
 }

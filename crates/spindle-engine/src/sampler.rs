@@ -60,6 +60,13 @@ impl SamplerConfig {
         self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
     }
 
+    /// Whether the chosen token can be found from bounds on the logits and
+    /// a few exact ones ([`choose_bounded`]): greedy or an uncut draw, and
+    /// no penalties (which would need every logit of the recent tokens).
+    pub fn chooses_from_bounds(&self) -> bool {
+        !self.has_penalties() && (self.is_greedy() || self.filters_nothing())
+    }
+
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
@@ -134,6 +141,84 @@ fn gumbel_argmax(
         }
     }
     best.1
+}
+
+/// The exact logits of some tokens, in the order asked.
+pub type ExactLogits<'a, E> = dyn FnMut(&[u32]) -> Result<Vec<f32>, E> + 'a;
+
+/// Most candidates [`choose_bounded`] computes exactly before it gives up
+/// (the full head is cheaper past a tenth or so of a large vocabulary).
+pub const MAX_BOUNDED_CANDIDATES: usize = 8192;
+
+/// The token [`sample`] would choose from the full logits, found from upper
+/// bounds `ub` on every logit (as the head computes them) and the exact
+/// logits `exact(ids)` of only the tokens whose bound can still win;
+/// `likeliest` is a guess at the winner whose exact logit starts the
+/// search. `None` when more than [`MAX_BOUNDED_CANDIDATES`] tokens remain
+/// (then sample from the full logits). Only for settings where
+/// [`SamplerConfig::chooses_from_bounds`].
+///
+/// Greedy: every token whose logit reaches the guess's is a candidate, so
+/// the largest logit (lowest id on a tie) is among them. Sampling: the
+/// guess's score `logit/T + g` bounds the best from below; a token whose
+/// bound plus its own variate stays below it cannot win (the variates are
+/// the ones `sample` draws, keyed by seed, position and token).
+pub fn choose_bounded<E>(
+    cfg: &SamplerConfig,
+    ub: &[f32],
+    likeliest: u32,
+    position: usize,
+    exact: &mut ExactLogits<'_, E>,
+) -> Result<Option<u32>, E> {
+    debug_assert!(cfg.chooses_from_bounds());
+    let first = exact(&[likeliest])?[0];
+    let mut candidates = Vec::new();
+    if cfg.is_greedy() {
+        for (i, &u) in ub.iter().enumerate() {
+            if u >= first {
+                candidates.push(i as u32);
+                if candidates.len() > MAX_BOUNDED_CANDIDATES {
+                    return Ok(None);
+                }
+            }
+        }
+        let logits = exact(&candidates)?;
+        let mut best = (f32::NEG_INFINITY, likeliest);
+        for (&id, &l) in candidates.iter().zip(&logits) {
+            if l > best.0 || (l == best.0 && id < best.1) {
+                best = (l, id);
+            }
+        }
+        return Ok(Some(best.1));
+    }
+    let inv_t = 1.0 / cfg.temperature as f64;
+    let keyed = key(cfg.seed, position as u64);
+    let score = |logit: f32, id: u32| logit as f64 * inv_t + gumbel_of(draw(keyed, id as u64));
+    let bound = score(first, likeliest);
+    let (g_max, g_small) = (gumbel_of(MAX_U), gumbel_of(SMALL_U));
+    for (i, &u) in ub.iter().enumerate() {
+        let x = u as f64 * inv_t;
+        if x + g_max < bound {
+            continue;
+        }
+        let d = draw(keyed, i as u64);
+        if (d <= SMALL_U && x + g_small < bound) || x + gumbel_of(d) < bound {
+            continue;
+        }
+        candidates.push(i as u32);
+        if candidates.len() > MAX_BOUNDED_CANDIDATES {
+            return Ok(None);
+        }
+    }
+    let logits = exact(&candidates)?;
+    let mut best = (f64::NEG_INFINITY, likeliest);
+    for (&id, &l) in candidates.iter().zip(&logits) {
+        let s = score(l, id);
+        if s > best.0 || (s == best.0 && id < best.1) {
+            best = (s, id);
+        }
+    }
+    Ok(Some(best.1))
 }
 
 /// The most likely token; the lowest id wins a tie.

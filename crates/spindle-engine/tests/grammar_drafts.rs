@@ -80,7 +80,7 @@ fn a_value_end_with_a_free_choice_after_it_is_not_drafted_alone() {
 /// logits, greedy and sampled, at every step of a JSON reply.
 #[test]
 fn drawing_before_masking_chooses_what_masking_chooses() {
-    use spindle_engine::generate::{next_token, Next, TokenRules};
+    use spindle_engine::generate::{next_token, FullRow, Next, TokenRules};
     use spindle_engine::{sample, SamplerConfig};
 
     let tok = tokenizer();
@@ -108,6 +108,7 @@ fn drawing_before_masking_chooses_what_masking_chooses() {
             logit_bias: &[],
             max_tokens: 40,
             max_len: 1 << 20,
+            needs_logits: false,
         };
         let compiler = GrammarCompiler::new(&tok).unwrap();
         let mut lazy = compiler
@@ -138,12 +139,13 @@ fn drawing_before_masking_chooses_what_masking_chooses() {
             let mut h = history.clone();
             let got = next_token(
                 &rules,
-                &logits,
+                &mut FullRow(&logits),
                 &mut h,
                 &mut generated,
                 Some(&mut lazy),
                 &mut |_, _| true,
-            );
+            )
+            .unwrap();
             // What the step emitted (nothing when it ended at a stop token
             // or because the grammar allowed nothing more).
             let emitted = (h.len() > history.len()).then(|| *h.last().unwrap());

@@ -5,6 +5,7 @@ pub mod activation;
 pub mod attention;
 pub mod cpu;
 pub mod error;
+pub mod head_screen;
 pub mod int8_peak;
 pub mod matmul;
 pub mod membw;

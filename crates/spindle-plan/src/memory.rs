@@ -281,7 +281,25 @@ pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> 
             phase: Phase::Always,
         },
     );
+    terms.push(Term {
+        name: "output head screen: a 4-bit copy of a Q8_0 head, its scales and bounds".into(),
+        bytes: head_screen_bytes(shape),
+        phase: Phase::Always,
+    });
     terms
+}
+
+/// What the engine's head screen holds (spindle-kernels `head_screen.rs`,
+/// built at load for Q8_0 heads): per token, 32 bytes of nibbles per two
+/// blocks of 32, the f16 scales padded to 8, and 9 f32 bound terms; plus
+/// the 8 basis rows. 0 for other head types.
+pub fn head_screen_bytes(shape: &ModelShape) -> u64 {
+    if shape.weights.head_type.as_deref() != Some("Q8_0") {
+        return 0;
+    }
+    let blocks = shape.n_embd / 32;
+    let per_token = blocks.div_ceil(2) * 32 + blocks.div_ceil(8) * 8 * 2 + 9 * F32;
+    mul(&[per_token, shape.vocab_size]).saturating_add(mul(&[8 * F32, shape.n_embd]))
 }
 
 /// The overhead that does not change while loading: runtime, the resident

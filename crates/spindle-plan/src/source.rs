@@ -44,6 +44,9 @@ pub struct WeightStats {
     pub embedding_bytes: u64,
     /// Bytes of a separate output head; 0 when the head is the embedding.
     pub output_head_bytes: u64,
+    /// Element type of the output head (of the embedding when they are tied).
+    #[serde(default)]
+    pub head_type: Option<String>,
     /// Bytes of tensors a text decoder never reads (vision and audio towers
     /// of multimodal checkpoints).
     pub non_language_bytes: u64,
@@ -79,6 +82,7 @@ impl WeightStats {
             tensors: 0,
             embedding_bytes: 0,
             output_head_bytes: 0,
+            head_type: None,
             non_language_bytes: 0,
             layer_matmul_params: 0,
             expert_bytes: 0,
@@ -116,8 +120,16 @@ impl WeightStats {
         let elements = t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         let elements = elements.unwrap_or(u64::MAX);
         match t.role {
-            Role::Embedding => self.embedding_bytes += t.bytes,
-            Role::OutputHead => self.output_head_bytes += t.bytes,
+            Role::Embedding => {
+                self.embedding_bytes += t.bytes;
+                if self.output_head_bytes == 0 {
+                    self.head_type = Some(t.type_name.to_string());
+                }
+            }
+            Role::OutputHead => {
+                self.output_head_bytes += t.bytes;
+                self.head_type = Some(t.type_name.to_string());
+            }
             Role::NonLanguage => self.non_language_bytes += t.bytes,
             Role::Expert if t.dims.len() >= 2 => {
                 self.expert_bytes = self.expert_bytes.saturating_add(t.bytes);

@@ -22,6 +22,7 @@ fn llama_8b_bf16() -> ModelShape {
         tensors: 291,
         embedding_bytes: 1_050_673_152,
         output_head_bytes: 1_050_673_152,
+        head_type: Some("BF16".into()),
         non_language_bytes: 0,
         layer_matmul_params: 6_979_321_856,
         expert_bytes: 0,

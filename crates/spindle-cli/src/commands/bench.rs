@@ -5,7 +5,9 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
-use spindle_engine::bench::{time_decode, time_prefill, time_rows, Summary};
+use spindle_engine::bench::{
+    time_decode, time_decode_chosen, time_prefill, time_rows, time_rows_chosen, Summary,
+};
 use spindle_engine::EngineError;
 use spindle_kernels::int8_peak::int8_mac_peaks;
 use spindle_kernels::membw::read_bandwidth;
@@ -153,10 +155,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 )
             })
             .transpose()?;
+        // The same passes choosing their token as decoding does (the head's
+        // screen), when the model screens its head.
+        let tg_chosen = (args.gen > 0 && model.head_screen()?.is_some())
+            .then(|| {
+                tokens_per_s(
+                    model,
+                    &mut kv,
+                    time_decode_chosen,
+                    args.gen,
+                    args.gen.min(16),
+                    depth,
+                    reps,
+                )
+            })
+            .transpose()?;
         // A tg pass at the middle of its run sees this many positions.
         let seen = (depth + args.gen / 2 + 1) as u64;
         let kv_bytes = shape.kv_read_bytes_per_seq(seen, plan_kv) as usize;
-        at_depth.push((depth, pp, tg, kv_bytes));
+        at_depth.push((depth, pp, tg, kv_bytes, tg_chosen));
     }
     let mut ops = Vec::new();
     if args.profile && args.prompt > 0 {
@@ -181,11 +198,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let model = &loaded.model;
     let mut curve = Vec::new();
     for &r in &rows {
-        curve.push((r, time_rows(model, &mut kv, r, args.rows_context, reps)?));
+        let full = time_rows(model, &mut kv, r, args.rows_context, reps)?;
+        let chosen = time_rows_chosen(model, &mut kv, r, args.rows_context, reps)?;
+        curve.push((r, full, chosen));
     }
-    let one_row = curve.iter().find(|(r, _)| *r == 1).map(|(_, s)| s.median);
+    let one_row = curve
+        .iter()
+        .find(|(r, _, _)| *r == 1)
+        .map(|(_, s, _)| s.median);
+    let one_row_chosen = curve
+        .iter()
+        .find(|(r, _, _)| *r == 1)
+        .map(|(_, _, s)| s.median);
     // The figures of the first depth keep the keys they had before `--depth`.
-    let (_, pp, tg, _) = at_depth[0].clone();
+    let (_, pp, tg, _, tg_chosen) = at_depth[0].clone();
     // Bytes a tg pass moves at a depth (weights and KV), and the fraction of
     // the measured bandwidth that its speed is.
     let depth_fraction = |tg: &Option<Summary>, kv_bytes: usize| {
@@ -218,6 +244,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "model": loaded.name,
             "pp": pp.as_ref().map(|s| json!({"tokens": args.prompt, "tokens_per_s": stat(s)})),
             "tg": tg.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
+            "tg_chosen_token": tg_chosen.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
             "bytes_per_decode_pass": bytes_per_pass,
             "memory_bandwidth_bytes_per_s": bandwidth,
             "bandwidth_fraction": fraction,
@@ -234,18 +261,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "prompt_pass_ops_s": ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "decode_pass_ops_s": decode_ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "kv_type": kv_type.name(),
-            "depths": at_depth.iter().map(|(d, pp, tg, kv_bytes)| json!({
+            "depths": at_depth.iter().map(|(d, pp, tg, kv_bytes, tg_chosen)| json!({
                 "depth": d,
                 "pp": pp.as_ref().map(|s| json!({"tokens": args.prompt, "tokens_per_s": stat(s)})),
                 "tg": tg.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
+                "tg_chosen_token": tg_chosen.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
                 "weight_bytes_per_decode_pass": bytes_per_pass,
                 "kv_bytes_per_decode_pass": kv_bytes,
                 "bandwidth_fraction": depth_fraction(tg, *kv_bytes),
             })).collect::<Vec<_>>(),
-            "rows": curve.iter().map(|(r, s)| json!({
+            "rows": curve.iter().map(|(r, s, c)| json!({
                 "rows": r,
                 "ms": {"mean": s.mean * 1e3, "sd": s.sd * 1e3, "median": s.median * 1e3},
                 "ratio_to_one_row": one_row.map(|o| s.median / o),
+                "ms_chosen_token": {"mean": c.mean * 1e3, "sd": c.sd * 1e3, "median": c.median * 1e3},
+                "ratio_to_one_row_chosen_token": one_row_chosen.map(|o| c.median / o),
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -278,7 +308,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!();
     println!("| test | tokens/s mean | sd | median |");
     println!("|---|---|---|---|");
-    for (depth, pp, tg, _) in &at_depth {
+    for (depth, pp, tg, _, tg_chosen) in &at_depth {
         let at = if *depth > 0 {
             format!(" @ d{depth}")
         } else {
@@ -296,6 +326,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 args.gen, s.mean, s.sd, s.median
             );
         }
+        if let Some(s) = tg_chosen {
+            println!(
+                "| tg{}{at}, chosen token (head screen) | {:.1} | {:.1} | {:.1} |",
+                args.gen, s.mean, s.sd, s.median
+            );
+        }
     }
     if at_depth.len() > 1 || depths[0] > 0 {
         println!();
@@ -306,7 +342,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
         println!("| depth | weights MB | KV MB | tokens/s | GB/s | of bandwidth |");
         println!("|---|---|---|---|---|---|");
-        for (depth, _, tg, kv_bytes) in &at_depth {
+        for (depth, _, tg, kv_bytes, _) in &at_depth {
             if let (Some(t), Some(f)) = (tg, depth_fraction(tg, *kv_bytes)) {
                 println!(
                     "| {depth} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% |",
@@ -369,15 +405,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "one pass of R rows (a chain after {} committed tokens):",
             args.rows_context
         );
-        println!("| rows | ms mean | sd | median | x one row |");
-        println!("|---|---|---|---|---|");
-        for (r, s) in &curve {
+        println!("every row's logits (full head), then only the last row's chosen token (the head's screen where the model has one):");
+        println!(
+            "| rows | ms mean | sd | median | x one row | chosen token: ms median | x one row |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for (r, s, c) in &curve {
             let ratio = one_row.map_or(String::from("-"), |o| format!("{:.2}", s.median / o));
+            let ratio_c =
+                one_row_chosen.map_or(String::from("-"), |o| format!("{:.2}", c.median / o));
             println!(
-                "| {r} | {:.2} | {:.2} | {:.2} | {ratio} |",
+                "| {r} | {:.2} | {:.2} | {:.2} | {ratio} | {:.2} | {ratio_c} |",
                 s.mean * 1e3,
                 s.sd * 1e3,
-                s.median * 1e3
+                s.median * 1e3,
+                c.median * 1e3
             );
         }
     }

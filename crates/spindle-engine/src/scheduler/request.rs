@@ -34,6 +34,7 @@ impl RequestParams {
             logit_bias: &self.logit_bias,
             max_tokens: self.max_tokens,
             max_len,
+            needs_logits: self.logprobs.is_some(),
         }
     }
 }

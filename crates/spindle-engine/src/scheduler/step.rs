@@ -189,11 +189,29 @@ impl EngineLoop {
             self.model.forward_hidden(batch, &mut self.kv)
         })?;
         let mut logits = LazyLogits::new(hidden);
-        let mut first: Vec<usize> = parts
-            .iter()
-            .filter_map(|p| p.logits_row.map(|row| likeliest_path(&p.tree, row, row)))
-            .flatten()
-            .collect();
+        // Rows whose walk needs only the chosen token read the head's
+        // screen; the others (log-probabilities, penalties, cut sampling,
+        // logit bias) the full head.
+        let max_len = self.kv.max_len();
+        let (mut first, mut screened) = (Vec::new(), Vec::new());
+        for p in parts {
+            if let Some(row) = p.logits_row {
+                let by_bounds = self.running[p.running]
+                    .req
+                    .params
+                    .rules(max_len)
+                    .chooses_from_bounds();
+                let rows = likeliest_path(&p.tree, row, row);
+                if by_bounds {
+                    screened.extend(rows);
+                } else {
+                    first.extend(rows);
+                }
+            }
+        }
+        if !logits.screen(&self.model, &screened)? {
+            first.extend(screened);
+        }
         for p in parts {
             if let Some(s) = &p.score {
                 first.extend(&s.logits_rows);
@@ -232,8 +250,8 @@ impl EngineLoop {
         let rules = r.req.params.rules(max_len);
         let (events, arrived, last_token_at) = (&r.req.events, r.arrived, &mut r.last_token_at);
         let logprobs = r.req.params.logprobs;
-        let mut emit = |token: u32, l: &[f32]| {
-            let logprobs = logprobs.map(|k| token_logprobs(l, token, k));
+        let mut emit = |token: u32, l: Option<&[f32]>| {
+            let logprobs = logprobs.and_then(|k| Some(token_logprobs(l?, token, k)));
             metrics.record_token(arrived, last_token_at);
             events
                 .send(Event::Token {

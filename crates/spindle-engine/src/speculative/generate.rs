@@ -18,8 +18,8 @@ use super::tree_budget::TreeBudget;
 use super::verify::{push_tree, walk, LazyLogits};
 use crate::error::EngineError;
 use crate::generate::{
-    next_token, prefill_rest, prepare_during, FinishReason, GenerateOutput, GenerateRequest,
-    GenerateStats, Next,
+    next_token, prefill_rest, prepare_during, FinishReason, FullRow, GenerateOutput,
+    GenerateRequest, GenerateStats, Next,
 };
 
 /// Generates from `req.prompt` like [`crate::generate`], drafting with
@@ -91,18 +91,18 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
         let mut generated = 0;
         let mut constraint = self.req.constraint.clone();
         let on_token = &mut *self.on_token;
-        let mut emit = |t: u32, _: &[f32]| on_token(t);
+        let mut emit = |t: u32, _: Option<&[f32]>| on_token(t);
 
         let mut finish = match self.req.max_tokens {
             0 => Some(FinishReason::Length),
             _ => match next_token(
                 &rules,
-                &logits,
+                &mut FullRow(&logits),
                 &mut self.history,
                 &mut generated,
                 constraint.as_mut(),
                 &mut emit,
-            ) {
+            )? {
                 Next::Token(_) => None,
                 Next::End(reason) => Some(reason),
             },

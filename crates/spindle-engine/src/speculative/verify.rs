@@ -12,12 +12,14 @@
 
 use std::ops::Range;
 
+use spindle_kernels::head_screen::ScreenBounds;
 use spindle_model::{Batch, Hidden, Logits, Model, Row, SeqId};
 
 use super::token_tree::TokenTree;
 use crate::constraint::Constraint;
 use crate::error::EngineError;
-use crate::generate::{next_token, FinishReason, Next, TokenRules};
+use crate::generate::{next_token, FinishReason, Next, RowLogits, TokenRules};
+use crate::sampler::{choose_bounded, SamplerConfig};
 
 /// What a walk kept.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,15 +68,20 @@ pub fn walk(
     history: &mut Vec<u32>,
     generated: &mut usize,
     mut constraint: Option<&mut Constraint>,
-    on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+    on_token: &mut dyn FnMut(u32, Option<&[f32]>) -> bool,
 ) -> Result<Walk, EngineError> {
     let mut path = vec![root];
     let mut node = None;
     loop {
         let row = *path.last().expect("the path starts at the root");
-        let l = logits.row(model, row, || likeliest_path(tree, root, row))?;
+        let mut l = LazyRow {
+            model,
+            logits,
+            row,
+            more: likeliest_path(tree, root, row),
+        };
         let c = constraint.as_deref_mut();
-        let token = match next_token(rules, l, history, generated, c, on_token) {
+        let token = match next_token(rules, &mut l, history, generated, c, on_token)? {
             Next::Token(t) => t,
             Next::End(reason) => {
                 return Ok(Walk {
@@ -108,9 +115,17 @@ pub fn walk(
 /// tree's likeliest path) and again only when a walk takes another branch.
 /// Each row's logits are bit-identical however rows are grouped (see
 /// [`Model::logits`]).
+///
+/// A row that needs only its chosen token reads the head's screen instead
+/// ([`LazyLogits::screen`]: bounds on every logit, then the exact logits
+/// of the few tokens that can still win), when the model has one.
 pub struct LazyLogits {
     hidden: Hidden,
     computed: Vec<Logits>,
+    /// Screen bounds, per call: the rows and their bounds.
+    screened: Vec<(Vec<usize>, ScreenBounds)>,
+    /// The model has no screen: every row takes the full head.
+    unscreened: bool,
 }
 
 impl LazyLogits {
@@ -118,7 +133,47 @@ impl LazyLogits {
         LazyLogits {
             hidden,
             computed: Vec::new(),
+            screened: Vec::new(),
+            unscreened: false,
         }
+    }
+
+    /// Runs the head's screen over `rows` (those not screened or computed
+    /// yet), in one call. False when the model has no screen or there are
+    /// more than [`MAX_SCREEN_ROWS`] (then the full head is cheaper).
+    pub fn screen(&mut self, model: &Model, rows: &[usize]) -> Result<bool, EngineError> {
+        if self.unscreened {
+            return Ok(false);
+        }
+        let todo: Vec<usize> = rows
+            .iter()
+            .copied()
+            .filter(|&r| self.find(r).is_none() && self.bounds_of(r).is_none())
+            .collect();
+        if todo.is_empty() {
+            return Ok(true);
+        }
+        if todo.len() > MAX_SCREEN_ROWS {
+            return Ok(false);
+        }
+        match model.head_bounds(&self.hidden, &todo)? {
+            Some(b) => {
+                self.screened.push((todo, b));
+                Ok(true)
+            }
+            None => {
+                self.unscreened = true;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Row `row`'s bounds and likeliest token, if it was screened.
+    pub fn bounds_of(&self, row: usize) -> Option<(&[f32], u32)> {
+        self.screened.iter().find_map(|(rows, b)| {
+            let i = rows.iter().position(|&r| r == row)?;
+            Some((&b.ub[i * b.vocab..(i + 1) * b.vocab], b.likeliest[i]))
+        })
     }
 
     /// The pass's hidden states.
@@ -165,6 +220,57 @@ impl LazyLogits {
         }
         let at = self.find(row).expect("computed above");
         Ok(self.computed[at].row(row).expect("computed above"))
+    }
+}
+
+/// Most rows screened in one call: the screen reads half the head's bytes
+/// but does as many multiply-adds, so it wins only where the head is
+/// memory-bound, one row (docs/PERF.md §32: 2 rows already cost about
+/// what the full head costs for them).
+pub const MAX_SCREEN_ROWS: usize = 1;
+
+/// One row of a [`LazyLogits`] as [`next_token`] reads it: its full
+/// logits (with the head over `more`, the likeliest rows below it, in the
+/// same call), or its chosen token from the screen.
+pub struct LazyRow<'a> {
+    pub model: &'a Model,
+    pub logits: &'a mut LazyLogits,
+    pub row: usize,
+    pub more: Vec<usize>,
+}
+
+impl RowLogits for LazyRow<'_> {
+    fn full(&mut self) -> Result<&[f32], EngineError> {
+        let more = std::mem::take(&mut self.more);
+        self.logits.row(self.model, self.row, || more)
+    }
+
+    fn chosen(&mut self, cfg: &SamplerConfig, position: usize) -> Result<Option<u32>, EngineError> {
+        if self.logits.get(self.row).is_some() {
+            return Ok(None);
+        }
+        let mut rows = self.more.clone();
+        if !rows.contains(&self.row) {
+            rows.insert(0, self.row);
+        }
+        if !self.logits.screen(self.model, &rows)? {
+            return Ok(None);
+        }
+        let (model, row) = (self.model, self.row);
+        let logits = &*self.logits;
+        let Some((ub, likeliest)) = logits.bounds_of(row) else {
+            return Ok(None);
+        };
+        let mut exact = |ids: &[u32]| -> Result<Vec<f32>, EngineError> {
+            Ok(model.logits_of(logits.hidden(), row, ids)?)
+        };
+        let chosen = choose_bounded(cfg, ub, likeliest, position, &mut exact)?;
+        model.record_screen(chosen.is_some());
+        Ok(chosen)
+    }
+
+    fn computed(&self) -> Option<&[f32]> {
+        self.logits.get(self.row)
     }
 }
 

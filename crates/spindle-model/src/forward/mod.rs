@@ -2,6 +2,7 @@
 
 mod attention;
 mod experts;
+mod head;
 mod row_ops;
 
 use std::ops::Range;
@@ -21,6 +22,8 @@ use crate::parallel::{for_each_task, DisjointChunks};
 use crate::profile::{OpClock, OpTimes};
 use crate::weights::{FeedForward, Matrix, Weights};
 
+pub use head::CALIBRATION_TEXT;
+
 /// A model ready to run: configuration, weights, rope tables, threads.
 pub struct Model {
     pub config: ModelConfig,
@@ -37,6 +40,8 @@ pub struct Model {
     profiling: bool,
     op_times: OpTimes,
     buffers: std::sync::Mutex<PassBuffers>,
+    /// The output head's screen (see `head.rs`).
+    screen: head::ScreenSlot,
 }
 
 /// Buffers reused from pass to pass, so a pass allocates nothing once they
@@ -172,6 +177,7 @@ impl Model {
             profiling: std::env::var("SPINDLE_PROFILE").is_ok_and(|v| v == "1"),
             op_times: OpTimes::default(),
             buffers: std::sync::Mutex::new(PassBuffers::default()),
+            screen: head::ScreenSlot::default(),
         }
     }
 

@@ -1,0 +1,103 @@
+//! The screened output head on the real model: at every row of a long
+//! generation, the token chosen from the screen's bounds and a few exact
+//! logits is the token chosen from every logit, greedy and sampled, on
+//! every ISA path; and a bound tightened below the sound one chooses
+//! differently somewhere, so the check can fail.
+
+mod common;
+use common::real_model;
+
+use spindle_engine::sampler::{choose_bounded, sample, SamplerConfig};
+use spindle_engine::{generate, GenerateRequest};
+use spindle_kernels::simd::available_isas;
+use spindle_model::{Batch, Hidden, KvType, Model};
+
+/// Hidden states of every row of the prompt and a greedy continuation.
+fn hidden_of_a_generation(model: &Model, prompt: &[u32], n: usize) -> (Hidden, Vec<u32>) {
+    let mut kv = model.new_kv_cache(KvType::F16, prompt.len() + n + 1, 1);
+    let req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens: n,
+        sampler: SamplerConfig::default(),
+        stop_ids: Vec::new(),
+        constraint: None,
+    };
+    let out = generate(model, &mut kv, &req, |_| true).unwrap();
+    let mut all = prompt.to_vec();
+    all.extend(&out.tokens);
+    let seq = kv.add_sequence().unwrap();
+    let mut b = Batch::new();
+    b.push_chain(seq, 0, &all, |_| true);
+    (model.forward_hidden(&b, &mut kv).unwrap(), all)
+}
+
+/// Rows (every `step`-th) where the screened choice differs from the full
+/// head's, over greedy and three sampled settings.
+fn mismatches(model: &Model, hidden: &Hidden, tokens: &[u32], step: usize) -> usize {
+    let settings: Vec<SamplerConfig> = [0.0f32, 0.8, 0.8, 1.5]
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| SamplerConfig {
+            temperature: t,
+            seed: 11 + i as u64,
+            ..SamplerConfig::default()
+        })
+        .collect();
+    let mut wrong = 0;
+    let rows: Vec<usize> = (0..tokens.len()).step_by(step).collect();
+    let all = model.logits(hidden, &rows).unwrap();
+    for &row in &rows {
+        let full = all.row(row).unwrap();
+        let bounds = model
+            .head_bounds(hidden, &[row])
+            .unwrap()
+            .expect("screened");
+        for cfg in &settings {
+            let want = sample(cfg, full, &tokens[..=row], row + 1);
+            let mut exact = |ids: &[u32]| model.logits_of(hidden, row, ids);
+            let got =
+                choose_bounded(cfg, &bounds.ub, bounds.likeliest[0], row + 1, &mut exact).unwrap();
+            // The exact logits are the full head's, bit for bit.
+            let some: Vec<u32> = (0..full.len() as u32).step_by(9973).collect();
+            let exact_some = model.logits_of(hidden, row, &some).unwrap();
+            for (&t, &l) in some.iter().zip(&exact_some) {
+                assert_eq!(
+                    l.to_bits(),
+                    full[t as usize].to_bits(),
+                    "token {t} row {row}"
+                );
+            }
+            if got.is_some_and(|g| g != want) {
+                wrong += 1;
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn the_screened_head_chooses_what_the_full_head_chooses() {
+    let Some(path) = real_model() else { return };
+    let lm = spindle_model::load(&path, 2).unwrap();
+    let tok = lm.tokenizer.as_ref().unwrap();
+    let mut model = lm.model;
+    let prompt = tok
+        .encode("The history of the bicycle begins", true, false)
+        .unwrap();
+    let (hidden, tokens) = hidden_of_a_generation(&model, &prompt, 120);
+    // Every row on this machine's own path; every seventh on the others
+    // (the scalar path takes a tenth of a second a row).
+    let best = spindle_kernels::simd::detected_isa();
+    for isa in available_isas() {
+        model.set_isa(isa).unwrap();
+        let step = if isa == best { 1 } else { 7 };
+        assert_eq!(mismatches(&model, &hidden, &tokens, step), 0, "{isa:?}");
+    }
+    // The bound is what makes it exact: with a twentieth of the slack the
+    // screen prunes tokens that win.
+    model.set_head_screen_slack(0.05).unwrap();
+    assert!(
+        mismatches(&model, &hidden, &tokens, 1) > 0,
+        "a bound a twentieth as wide chose the same tokens everywhere"
+    );
+}
