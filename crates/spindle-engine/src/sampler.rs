@@ -410,6 +410,61 @@ mod tests {
         assert!(gumbel_of(MAX_U) > 36.0);
     }
 
+    #[test]
+    fn choosing_from_bounds_gives_the_token_sample_gives() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for trial in 0..300u64 {
+            let n = [40usize, 3000][trial as usize % 2];
+            let mut logits: Vec<f32> = (0..n).map(|_| 12.0 * next() - 6.0).collect();
+            if trial % 5 == 0 {
+                // A tie at the top: the lowest id must win.
+                let top = logits.iter().copied().fold(f32::MIN, f32::max);
+                logits[n / 3] = top;
+            }
+            // Bounds at or above each logit by a random slack; the guess
+            // is any token.
+            let ub: Vec<f32> = logits.iter().map(|&l| l + 3.0 * next()).collect();
+            let guess = (trial as usize * 7919 % n) as u32;
+            let t = [0.0f32, 0.7, 1.5][(trial / 2) as usize % 3];
+            let cfg = SamplerConfig {
+                temperature: t,
+                seed: trial,
+                ..Default::default()
+            };
+            let mut asked = 0;
+            let mut exact = |ids: &[u32]| -> Result<Vec<f32>, ()> {
+                asked += ids.len();
+                Ok(ids.iter().map(|&i| logits[i as usize]).collect())
+            };
+            let got = choose_bounded(&cfg, &ub, guess, trial as usize, &mut exact).unwrap();
+            assert_eq!(
+                got,
+                Some(sample(&cfg, &logits, &[], trial as usize)),
+                "trial {trial}, T {t}"
+            );
+            assert!(asked <= n + 1);
+        }
+        // Bounds below the logits are wrong, and then so can the token be:
+        // the winner's bound under the guess's logit hides it.
+        let logits = [1.0f32, 5.0, 4.0];
+        let ub = [1.0f32, 3.0, 4.0];
+        let mut exact = |ids: &[u32]| -> Result<Vec<f32>, ()> {
+            Ok(ids.iter().map(|&i| logits[i as usize]).collect())
+        };
+        let cfg = SamplerConfig::default();
+        assert_eq!(
+            choose_bounded(&cfg, &ub, 2, 0, &mut exact).unwrap(),
+            Some(2)
+        );
+        assert_eq!(sample(&cfg, &logits, &[], 0), 1);
+    }
+
     fn hot(n: usize, peaks: &[(usize, f32)]) -> Vec<f32> {
         let mut l = vec![-10.0f32; n];
         for &(i, v) in peaks {
