@@ -438,12 +438,17 @@ impl ChoiceOut {
         }
         let mut finish_reason = finish_reason;
         if let Some(mut w) = self.watch.take() {
-            let (text, calls) = w.finish();
-            if !text.is_empty() && !self.send_text(None, text, Vec::new()).await {
+            let end = w.finish(finish_reason == "length");
+            if !end.text.is_empty() && !self.send_text(None, end.text, Vec::new()).await {
                 return;
             }
+            let calls = end.calls;
             if !calls.is_empty() {
-                finish_reason = "tool_calls";
+                // Calls cut off by the token limit say so; the ones it
+                // completed are still returned, as calls.
+                if !(end.cut && finish_reason == "length") {
+                    finish_reason = "tool_calls";
+                }
                 let piece = Piece::ToolCalls {
                     index: self.index,
                     calls,
@@ -525,7 +530,10 @@ async fn relay(
                 if !out.send_text(Some(id), delta, vec![(id, logprobs)]).await {
                     return (generated, drafts);
                 }
-                if out.text.stopped() {
+                // A stop string, or a tool-call reply that began to repeat
+                // its calls, ends the choice here.
+                let repeated = out.watch.as_ref().is_some_and(|w| w.ended());
+                if out.text.stopped() || repeated {
                     // The pass's draft counts may have been sent already.
                     while let Ok(e) = events.try_recv() {
                         if let Event::Speculated { drafted, accepted } = e {
@@ -534,7 +542,8 @@ async fn relay(
                     }
                     // Dropping `events` cancels the sequence.
                     drop(events);
-                    out.finish("stop", generated, drafts).await;
+                    let reason = if repeated { "tool_calls" } else { "stop" };
+                    out.finish(reason, generated, drafts).await;
                     return (generated, drafts);
                 }
             }

@@ -136,9 +136,9 @@ fn stream(watch: &mut ReplyWatch, text: &str, step: usize) -> (String, Vec<Strin
     for piece in chars.chunks(step) {
         out.push_str(&watch.push(None, &piece.iter().collect::<String>()));
     }
-    let (rest, calls) = watch.finish();
-    out.push_str(&rest);
-    (out, calls.into_iter().map(|c| c.arguments).collect())
+    let end = watch.finish(false);
+    out.push_str(&end.text);
+    (out, end.calls.into_iter().map(|c| c.arguments).collect())
 }
 
 #[test]
@@ -183,8 +183,84 @@ fn streamed_replies_read_as_whole_ones() {
     assert_eq!(w.push(Some(7), ""), "");
     w.push(None, "{\"name\": \"now\", \"arguments\": {}}");
     w.push(Some(8), "");
-    let (text, calls) = w.finish();
-    assert_eq!((text.as_str(), calls.len()), ("", 1));
+    let end = w.finish(false);
+    assert_eq!((end.text.as_str(), end.calls.len()), ("", 1));
+}
+
+/// Streams `text` a few bytes at a time until the watch ends the reply;
+/// returns the bytes it took.
+fn push_until_ended(watch: &mut ReplyWatch, text: &str) -> usize {
+    let mut taken = 0;
+    for piece in text.as_bytes().chunks(3) {
+        let piece = std::str::from_utf8(piece).unwrap();
+        watch.push(None, piece);
+        taken += piece.len();
+        if watch.ended() {
+            break;
+        }
+    }
+    taken
+}
+
+#[test]
+fn a_reply_that_repeats_a_call_ends_with_the_calls_before_it() {
+    let a = r#"{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}"#;
+    let b = r#"{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f"}}"#;
+    // A model cycling through the same two calls until the token limit.
+    let looping = format!(r#"{{"tool_calls": [{a}, {b}, {a}, {b}, {a}, {b}"#);
+    let mut w = ReplyWatch::new(ToolFormat::Generic, names(), true);
+    let taken = push_until_ended(&mut w, &looping);
+    assert!(w.ended());
+    // It ends as soon as the third call closes, not at the limit.
+    let third_ends = looping.find(&format!("{b}, {a}")).unwrap() + b.len() + 2 + a.len();
+    assert!(taken >= third_ends && taken < third_ends + 3, "{taken} {third_ends}");
+    let end = w.finish(false);
+    assert!(end.cut && end.text.is_empty());
+    assert_eq!(
+        end.calls.iter().map(|c| c.arguments.as_str()).collect::<Vec<_>>(),
+        [r#"{"city":"Oslo","unit":"c"}"#, r#"{"city":"Oslo","unit":"f"}"#]
+    );
+    // The same in Hermes blocks; different calls do not end a reply.
+    let hermes = format_for("<tool_call>");
+    let block = |c: &str| format!("<tool_call>\n{c}\n</tool_call>\n");
+    let mut w = ReplyWatch::new(hermes.clone(), names(), true);
+    push_until_ended(&mut w, &(block(a) + &block(b) + &block(a)));
+    assert!(w.ended());
+    assert_eq!(w.finish(false).calls.len(), 2);
+    let mut w = ReplyWatch::new(hermes, names(), true);
+    push_until_ended(&mut w, &(block(a) + &block(b)));
+    assert!(!w.ended());
+    let end = w.finish(false);
+    assert_eq!((end.calls.len(), end.cut), (2, false));
+}
+
+#[test]
+fn a_reply_cut_by_the_token_limit_keeps_its_calls() {
+    let done = r#"{"tool_calls": [{"name": "now", "arguments": {}}, "#;
+    let unfinished = r#"{"name": "get_weather", "arguments": {"city": "Oslo is a city in"#;
+    let text = format!("{done}{unfinished}");
+    // Cut by the limit: the completed call, then the unfinished one as far
+    // as it got (as OpenAI returns a call cut by max_tokens).
+    let mut w = ReplyWatch::new(ToolFormat::Generic, names(), true);
+    w.push(None, &text);
+    let end = w.finish(true);
+    assert!(end.cut && end.text.is_empty());
+    let got: Vec<_> = end.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect();
+    assert_eq!(got, [("now", "{}"), ("get_weather", r#"{"city": "Oslo is a city in"#)]);
+    // Ended any other way, only completed calls are calls.
+    let mut w = ReplyWatch::new(ToolFormat::Generic, names(), true);
+    w.push(None, &text);
+    assert_eq!(w.finish(false).calls.len(), 1);
+    // Before any call's name is whole there is no call to return: the text
+    // comes back as text.
+    let mut w = ReplyWatch::new(ToolFormat::Generic, names(), true);
+    w.push(None, r#"{"tool_calls": [{"name": "get_w"#);
+    let end = w.finish(true);
+    assert!(end.calls.is_empty() && end.text.starts_with("{\"tool_calls\""));
+    // A list that closed and then went on is text, as whole replies read.
+    let mut w = ReplyWatch::new(ToolFormat::Generic, names(), false);
+    w.push(None, r#"{"tool_calls": [{"name": "now", "arguments": {}}]} and more"#);
+    assert!(w.finish(true).calls.is_empty());
 }
 
 fn tools_marker(text: &str, special_id: Option<u32>) -> spindle_server::tools::Marker {

@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::openai::{ChatMessageIn, Content, SamplingFields};
 
 pub use format::{Marker, ToolFormat};
-pub use reply::{parse_reply, ParsedCall, ReplyWatch, Watch};
+pub use reply::{parse_reply, ParsedCall, ReplyEnd, ReplyWatch, Watch};
 
 /// A function the model may call.
 #[derive(Debug, Clone)]

@@ -115,6 +115,146 @@ fn call_id(format: &ToolFormat) -> String {
     }
 }
 
+/// The calls a reply has completed so far, read as it grows: each call is
+/// counted once its JSON object closes, before the list around it ends. A
+/// reply cut short (by the token limit, or ended early) keeps those calls.
+#[derive(Debug, Clone, Default)]
+struct CallScan {
+    /// Byte offset in the reply where reading goes on.
+    pos: usize,
+    /// Whether the list's opening has been read.
+    opened: bool,
+    /// The calls' objects, in order.
+    calls: Vec<Value>,
+    /// Set once the list closed or the text stopped reading as calls.
+    over: bool,
+    /// Where the call being written begins (its object not closed yet).
+    pending: Option<usize>,
+}
+
+/// One literal matched at the start of a text.
+enum Lit<'a> {
+    /// Matched: the text after it.
+    Yes(&'a str),
+    /// The text is shorter than the literal and begins it: wait.
+    Partial,
+    No,
+}
+
+fn lit<'a>(text: &'a str, literal: &str) -> Lit<'a> {
+    let t = text.trim_start();
+    match t.strip_prefix(literal) {
+        Some(rest) => Lit::Yes(rest),
+        None if literal.starts_with(t) => Lit::Partial,
+        None => Lit::No,
+    }
+}
+
+/// Literals in a row, white space allowed between them.
+fn lits<'a>(text: &'a str, literals: &[&str]) -> Lit<'a> {
+    let mut rest = text;
+    for l in literals {
+        match lit(rest, l) {
+            Lit::Yes(r) => rest = r,
+            other => return other,
+        }
+    }
+    Lit::Yes(rest)
+}
+
+impl CallScan {
+    /// The call being written when the reply was cut off, as far as it
+    /// got: its name, once written whole, and its arguments' text so far
+    /// (not valid JSON), as OpenAI returns a call cut by the token limit.
+    fn unfinished(&self, format: &ToolFormat, text: &str) -> Option<(String, String)> {
+        let body = &text[self.pending?..];
+        let Lit::Yes(rest) = lits(body, &["{", "\"name\"", ":"]) else {
+            return None;
+        };
+        let rest = rest.trim_start();
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+        let name = values.next()?.ok()?;
+        let rest = &rest[values.byte_offset()..];
+        let key = format!("\"{}\"", format.arguments_key());
+        let Lit::Yes(args) = lits(rest, &[",", &key, ":"]) else {
+            return None;
+        };
+        Some((name, args.trim_start().to_string()))
+    }
+
+    /// Reads on in `text` (the whole reply so far, which only grows).
+    fn advance(&mut self, format: &ToolFormat, text: &str) {
+        while !self.over {
+            let rest = &text[self.pos..];
+            // What comes before the next call: the list's opening, or the
+            // separator after the call before.
+            let before: Vec<&str> = match (format, self.opened) {
+                (ToolFormat::Generic, false) => vec!["{", "\"tool_calls\"", ":", "["],
+                (ToolFormat::Mistral { marker }, false) => vec![marker.text.as_str(), "["],
+                (ToolFormat::Llama3 { python_tag }, false) => {
+                    match lit(rest, &python_tag.text) {
+                        Lit::Partial => return,
+                        _ => vec![python_tag.text.as_str()],
+                    }
+                }
+                (ToolFormat::Hermes { open, .. }, false) => vec![open.text.as_str()],
+                (ToolFormat::Generic | ToolFormat::Mistral { .. }, true) => {
+                    if let Lit::Yes(_) = lit(rest, "]") {
+                        self.over = true;
+                        return;
+                    }
+                    vec![","]
+                }
+                (ToolFormat::Llama3 { .. }, true) => vec![";"],
+                (ToolFormat::Hermes { open, close }, true) => {
+                    vec![close.text.as_str(), open.text.as_str()]
+                }
+            };
+            let body = match (format, self.opened, lits(rest, &before)) {
+                (_, _, Lit::Yes(body)) => body,
+                (_, _, Lit::Partial) => return,
+                // The Llama 3 tag is optional before the first call.
+                (ToolFormat::Llama3 { .. }, false, Lit::No) => rest,
+                (_, _, Lit::No) => {
+                    self.over = true;
+                    return;
+                }
+            };
+            let start = text.len() - body.trim_start().len();
+            let mut values =
+                serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
+            match values.next() {
+                Some(Ok(v)) if v.is_object() => {
+                    self.calls.push(v);
+                    self.pos = start + values.byte_offset();
+                    self.opened = true;
+                    self.pending = None;
+                }
+                Some(Err(e)) if e.is_eof() => {
+                    self.pending = Some(start);
+                    return;
+                }
+                None => return,
+                Some(_) => {
+                    self.over = true;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// How a reply ended, as [`ReplyWatch::finish`] reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplyEnd {
+    /// Text still held back (when the reply is not calls).
+    pub text: String,
+    pub calls: Vec<ParsedCall>,
+    /// The calls are those completed before the reply was cut short (its
+    /// last call unfinished, or a repeated call left out).
+    pub cut: bool,
+}
+
 /// Whether a reply may still turn out to be calls.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Watch {
@@ -134,6 +274,9 @@ pub struct ReplyWatch {
     names: Vec<String>,
     state: Watch,
     held: String,
+    scan: CallScan,
+    /// A completed call repeated an earlier one word for word.
+    repeated: bool,
 }
 
 impl ReplyWatch {
@@ -148,6 +291,33 @@ impl ReplyWatch {
                 Watch::Undecided
             },
             held: String::new(),
+            scan: CallScan::default(),
+            repeated: false,
+        }
+    }
+
+    /// Whether the reply should end now: a call repeated an earlier call of
+    /// the same reply, name and arguments alike. A small model at low
+    /// temperature, free to add calls, tends to cycle through the same
+    /// calls until the token limit; the first repeat is where that shows.
+    /// The reply then holds the calls before it.
+    pub fn ended(&self) -> bool {
+        self.repeated
+    }
+
+    /// Reads the calls completed so far; notes a repeat.
+    fn read_calls(&mut self) {
+        if self.state != Watch::Calls || self.repeated {
+            return;
+        }
+        let before = self.scan.calls.len();
+        self.scan.advance(&self.format, &self.held);
+        for i in before..self.scan.calls.len() {
+            if self.scan.calls[..i].contains(&self.scan.calls[i]) {
+                self.scan.calls.truncate(i);
+                self.repeated = true;
+                return;
+            }
         }
     }
 
@@ -160,7 +330,10 @@ impl ReplyWatch {
         self.held.push_str(text);
         match self.state {
             Watch::Text => std::mem::take(&mut self.held),
-            Watch::Calls => String::new(),
+            Watch::Calls => {
+                self.read_calls();
+                String::new()
+            }
             Watch::Undecided => {
                 let t = self.held.trim_start();
                 if t.is_empty() {
@@ -169,6 +342,7 @@ impl ReplyWatch {
                 let openings = self.format.openings();
                 if openings.iter().any(|o| t.starts_with(o)) {
                     self.state = Watch::Calls;
+                    self.read_calls();
                     String::new()
                 } else if openings.iter().any(|o| o.starts_with(t)) {
                     String::new()
@@ -181,14 +355,54 @@ impl ReplyWatch {
     }
 
     /// At the end of the reply: the text still held (when it is not calls)
-    /// and the calls.
-    pub fn finish(&mut self) -> (String, Vec<ParsedCall>) {
+    /// and the calls: the whole reply's, or, when it was cut short, those
+    /// it completed.
+    /// `cut_off`: generation stopped at the token limit, so an unfinished
+    /// last call is returned as far as it got.
+    pub fn finish(&mut self, cut_off: bool) -> ReplyEnd {
         let held = std::mem::take(&mut self.held);
         if self.state != Watch::Text {
-            if let Some(calls) = parse_reply(&self.format, &held, &self.names) {
-                return (String::new(), calls);
+            if !self.repeated {
+                if let Some(calls) = parse_reply(&self.format, &held, &self.names) {
+                    return ReplyEnd {
+                        text: String::new(),
+                        calls,
+                        cut: false,
+                    };
+                }
+            }
+            // Salvaged only from a reply that ran out while it still read
+            // as calls (not one whose list closed and then went wrong).
+            let objects = std::mem::take(&mut self.scan.calls);
+            let salvage = self.repeated || !self.scan.over;
+            let key = self.format.arguments_key();
+            let mut calls = salvage
+                .then(|| calls_of(objects, key, &self.names, &self.format))
+                .flatten()
+                .unwrap_or_default();
+            let unfinished = (cut_off && salvage && !self.repeated)
+                .then(|| self.scan.unfinished(&self.format, &held))
+                .flatten()
+                .filter(|(name, _)| self.names.contains(name));
+            if let Some((name, arguments)) = unfinished {
+                calls.push(ParsedCall {
+                    id: call_id(&self.format),
+                    name,
+                    arguments,
+                });
+            }
+            if !calls.is_empty() {
+                return ReplyEnd {
+                    text: String::new(),
+                    calls,
+                    cut: true,
+                };
             }
         }
-        (held, Vec::new())
+        ReplyEnd {
+            text: held,
+            calls: Vec::new(),
+            cut: false,
+        }
     }
 }
