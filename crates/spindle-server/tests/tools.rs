@@ -213,12 +213,21 @@ fn a_reply_that_repeats_a_call_ends_with_the_calls_before_it() {
     assert!(w.ended());
     // It ends as soon as the third call closes, not at the limit.
     let third_ends = looping.find(&format!("{b}, {a}")).unwrap() + b.len() + 2 + a.len();
-    assert!(taken >= third_ends && taken < third_ends + 3, "{taken} {third_ends}");
+    assert!(
+        taken >= third_ends && taken < third_ends + 3,
+        "{taken} {third_ends}"
+    );
     let end = w.finish(false);
     assert!(end.cut && end.text.is_empty());
     assert_eq!(
-        end.calls.iter().map(|c| c.arguments.as_str()).collect::<Vec<_>>(),
-        [r#"{"city":"Oslo","unit":"c"}"#, r#"{"city":"Oslo","unit":"f"}"#]
+        end.calls
+            .iter()
+            .map(|c| c.arguments.as_str())
+            .collect::<Vec<_>>(),
+        [
+            r#"{"city":"Oslo","unit":"c"}"#,
+            r#"{"city":"Oslo","unit":"f"}"#
+        ]
     );
     // The same in Hermes blocks; different calls do not end a reply.
     let hermes = format_for("<tool_call>");
@@ -245,8 +254,18 @@ fn a_reply_cut_by_the_token_limit_keeps_its_calls() {
     w.push(None, &text);
     let end = w.finish(true);
     assert!(end.cut && end.text.is_empty());
-    let got: Vec<_> = end.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect();
-    assert_eq!(got, [("now", "{}"), ("get_weather", r#"{"city": "Oslo is a city in"#)]);
+    let got: Vec<_> = end
+        .calls
+        .iter()
+        .map(|c| (c.name.as_str(), c.arguments.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("now", "{}"),
+            ("get_weather", r#"{"city": "Oslo is a city in"#)
+        ]
+    );
     // Ended any other way, only completed calls are calls.
     let mut w = ReplyWatch::new(ToolFormat::Generic, names(), true);
     w.push(None, &text);
@@ -259,7 +278,10 @@ fn a_reply_cut_by_the_token_limit_keeps_its_calls() {
     assert!(end.calls.is_empty() && end.text.starts_with("{\"tool_calls\""));
     // A list that closed and then went on is text, as whole replies read.
     let mut w = ReplyWatch::new(ToolFormat::Generic, names(), false);
-    w.push(None, r#"{"tool_calls": [{"name": "now", "arguments": {}}]} and more"#);
+    w.push(
+        None,
+        r#"{"tool_calls": [{"name": "now", "arguments": {}}]} and more"#,
+    );
     assert!(w.finish(true).calls.is_empty());
 }
 

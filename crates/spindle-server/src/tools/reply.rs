@@ -191,12 +191,10 @@ impl CallScan {
             let before: Vec<&str> = match (format, self.opened) {
                 (ToolFormat::Generic, false) => vec!["{", "\"tool_calls\"", ":", "["],
                 (ToolFormat::Mistral { marker }, false) => vec![marker.text.as_str(), "["],
-                (ToolFormat::Llama3 { python_tag }, false) => {
-                    match lit(rest, &python_tag.text) {
-                        Lit::Partial => return,
-                        _ => vec![python_tag.text.as_str()],
-                    }
-                }
+                (ToolFormat::Llama3 { python_tag }, false) => match lit(rest, &python_tag.text) {
+                    Lit::Partial => return,
+                    _ => vec![python_tag.text.as_str()],
+                },
                 (ToolFormat::Hermes { open, .. }, false) => vec![open.text.as_str()],
                 (ToolFormat::Generic | ToolFormat::Mistral { .. }, true) => {
                     if let Lit::Yes(_) = lit(rest, "]") {
