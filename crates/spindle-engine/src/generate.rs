@@ -78,6 +78,10 @@ pub struct GenerateStats {
     pub drafted: usize,
     /// Drafted tokens the target model accepted.
     pub accepted: usize,
+    /// Tree nodes each draft source proposed, and how many of those were
+    /// accepted, by [`crate::speculative::Source::index`] (a node two
+    /// sources proposed counts for both).
+    pub by_source: [(u64, u64); crate::speculative::Source::COUNT],
     /// Grammar masks computed (constrained generation), their seconds, and
     /// the part of those seconds a token waited for its mask (the rest ran
     /// beside the model's passes).

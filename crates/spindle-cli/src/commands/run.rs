@@ -14,7 +14,7 @@ use crate::grammar::GrammarArgs;
 use crate::options::{prompt_text, tokenizer, ModelArgs, SamplingArgs};
 use crate::progress::prefill_with_bar;
 use crate::speculation::{generate_on_with, SpecArgs};
-use spindle_engine::speculative::TreeBudget;
+use spindle_engine::speculative::{Source, TreeBudget};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -179,6 +179,7 @@ pub fn result_json(
             "drafted": s.drafted,
             "accepted": s.accepted,
             "acceptance_rate": s.acceptance_rate(),
+            "by_source": by_source(s),
             "masks": s.masks,
             "mask_seconds": s.mask_seconds,
             "mask_waiting_seconds": s.mask_waiting_seconds,
@@ -191,6 +192,22 @@ pub fn result_json(
         ));
     }
     v
+}
+
+/// `{source: {"drafted", "accepted"}}` for each draft source that proposed
+/// a node.
+fn by_source(s: &spindle_engine::GenerateStats) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for src in Source::ALL {
+        let (drafted, accepted) = s.by_source[src.index()];
+        if drafted > 0 {
+            m.insert(
+                src.name().into(),
+                json!({"drafted": drafted, "accepted": accepted}),
+            );
+        }
+    }
+    m.into()
 }
 
 /// Whether generation stopped at the end of the context rather than at

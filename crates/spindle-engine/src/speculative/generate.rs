@@ -141,6 +141,14 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             )?;
             policy.record_pass(batch.len(), t.elapsed().as_secs_f64());
             stats.accepted += w.accepted();
+            for (all, (d, a)) in stats
+                .by_source
+                .iter_mut()
+                .zip(tree.source_counts(&w.nodes()))
+            {
+                all.0 += d;
+                all.1 += a;
+            }
             policy.record_acceptance(&tree, &w.nodes(), w.rejected);
             kv.commit(self.seq, &w.path)?;
             finish = w.finish;
