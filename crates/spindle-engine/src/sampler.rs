@@ -143,6 +143,116 @@ fn gumbel_argmax(
     best.1
 }
 
+/// How far below the best score (in nats) a token's share of a
+/// [`coupled_choice`] stops counting: e^-16 each.
+const SHARE_CUTOFF: f64 = 16.0;
+
+/// A token a drafter proposes, with its confidence that the target picks it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Proposal {
+    pub token: u32,
+    /// In 0..=1.
+    pub confidence: f32,
+}
+
+/// The two tokens a drafter should propose at `position` from its own
+/// `logits`, coupled to the target's noise: ranked by the score [`sample`]
+/// draws with (`logit/T + g`, keyed by the same seed, position and token,
+/// after the same penalties and filters), so that the first is exactly
+/// the token `sample` chooses from these logits. A target whose logits are
+/// close picks the same token far more often than it picks an argmax draft
+/// (Gumbel coupling: at least (1-TV)/(1+TV) of the time). Each confidence
+/// is the token's share of `exp(score)` over every candidate, the chance it
+/// stays on top if the scores moved by fresh Gumbel noise; greedy, that is
+/// the plain softmax probability of the argmax. Sampling settings only
+/// (greedy drafters rank by logit); `None` when no candidate is finite.
+pub fn coupled_choice(
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    position: usize,
+) -> Option<(Proposal, Option<Proposal>)> {
+    debug_assert!(!cfg.is_greedy());
+    let mut owned;
+    let logits = if cfg.has_penalties() {
+        owned = logits.to_vec();
+        apply_penalties(cfg, &mut owned, history);
+        &owned[..]
+    } else {
+        logits
+    };
+    let inv_t = 1.0 / cfg.temperature as f64;
+    let candidates: Vec<(u32, f32)> = if cfg.filters_nothing() {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect()
+    } else {
+        filter(cfg, logits)
+    };
+    let keyed = key(cfg.seed, position as u64);
+    let score = |logit: f32, id: u32| logit as f64 * inv_t + gumbel_of(draw(keyed, id as u64));
+    let (top_id, top_logit) = candidates
+        .iter()
+        .copied()
+        .reduce(|a, b| if b.1 > a.1 { b } else { a })?;
+    // The most likely candidate's score bounds the best from below: a
+    // token whose score cannot come within the cutoff of it neither wins
+    // nor counts, and is skipped on its logit or draw alone, as in
+    // `gumbel_argmax` (the same arithmetic, so the same winner).
+    let floor = score(top_logit, top_id) - SHARE_CUTOFF;
+    if !floor.is_finite() {
+        return None;
+    }
+    let (g_max, g_small) = (gumbel_of(MAX_U), gumbel_of(SMALL_U));
+    let mut scored = Vec::new();
+    for &(id, logit) in &candidates {
+        let x = logit as f64 * inv_t;
+        if x + g_max < floor {
+            continue;
+        }
+        let u = draw(keyed, id as u64);
+        if u <= SMALL_U && x + g_small < floor {
+            continue;
+        }
+        let s = x + gumbel_of(u);
+        if !s.is_nan() {
+            scored.push((s, id));
+        }
+    }
+    let better = |a: (f64, u32), b: (f64, u32)| a.0 > b.0 || (a.0 == b.0 && a.1 < b.1);
+    let mut best = (f64::NEG_INFINITY, top_id);
+    let mut second: Option<(f64, u32)> = None;
+    for &s in &scored {
+        if better(s, best) {
+            second = Some(best).filter(|b| b.0 > f64::NEG_INFINITY);
+            best = s;
+        } else if second.is_none_or(|r| better(s, r)) {
+            second = Some(s);
+        }
+    }
+    let total: f64 = scored.iter().map(|s| (s.0 - best.0).exp()).sum();
+    let share = |s: f64| ((s - best.0).exp() / total) as f32;
+    Some((
+        Proposal {
+            token: best.1,
+            confidence: share(best.0),
+        },
+        second.map(|s| Proposal {
+            token: s.1,
+            confidence: share(s.0),
+        }),
+    ))
+}
+
+/// The standard Gumbel variate [`sample`] adds to `token`'s scaled logit at
+/// `position` under `seed`: count-based drafters rank their candidates by
+/// it too.
+pub fn gumbel_noise(seed: u64, position: usize, token: u32) -> f64 {
+    gumbel_of(draw(key(seed, position as u64), token as u64))
+}
+
 /// The exact logits of some tokens, in the order asked.
 pub type ExactLogits<'a, E> = dyn FnMut(&[u32]) -> Result<Vec<f32>, E> + 'a;
 
@@ -348,7 +458,7 @@ fn gumbel_of(u: f64) -> f64 {
 /// A standard Gumbel variate keyed by (seed, position, token).
 #[cfg(test)]
 fn gumbel(seed: u64, position: u64, token: u64) -> f64 {
-    gumbel_of(draw(key(seed, position), token))
+    gumbel_noise(seed, position as usize, token as u32)
 }
 
 /// SplitMix64 finaliser: a bijective, well-mixed hash of 64 bits.
@@ -577,5 +687,90 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(sample(&pres, &l, &[0, 0, 0], 3), 1);
+    }
+
+    /// The coupled proposals are the best two tokens by every score
+    /// computed in full, the first being `sample`'s token, with shares of
+    /// the full softmax over those scores: under every kind of setting.
+    #[test]
+    fn coupled_choice_ranks_by_the_samplers_own_scores() {
+        let mut x = 7u64;
+        let logits: Vec<f32> = (0..3000)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32) * 12.0 - 6.0
+            })
+            .collect();
+        let history = [5u32, 9, 5, 2999];
+        let base = SamplerConfig {
+            temperature: 0.8,
+            seed: 3,
+            ..Default::default()
+        };
+        let settings = [
+            base.clone(),
+            SamplerConfig {
+                temperature: 0.3,
+                ..base.clone()
+            },
+            SamplerConfig {
+                temperature: 1.5,
+                top_k: 40,
+                ..base.clone()
+            },
+            SamplerConfig {
+                top_p: 0.9,
+                ..base.clone()
+            },
+            SamplerConfig {
+                min_p: 0.05,
+                ..base.clone()
+            },
+            SamplerConfig {
+                repetition_penalty: 1.3,
+                presence_penalty: 0.4,
+                ..base.clone()
+            },
+        ];
+        for cfg in &settings {
+            let mut penalised = logits.clone();
+            apply_penalties(cfg, &mut penalised, &history);
+            let cands = if cfg.filters_nothing() {
+                penalised
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l))
+                    .collect()
+            } else {
+                filter(cfg, &penalised)
+            };
+            let inv_t = 1.0 / cfg.temperature as f64;
+            for position in 0..150 {
+                let mut all: Vec<(f64, u32)> = cands
+                    .iter()
+                    .map(|&(id, l)| (l as f64 * inv_t + gumbel(cfg.seed, position, id as u64), id))
+                    .collect();
+                all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                let total: f64 = all.iter().map(|s| (s.0 - all[0].0).exp()).sum();
+                let (first, second) =
+                    coupled_choice(cfg, &logits, &history, position as usize).unwrap();
+                assert_eq!(
+                    first.token,
+                    sample(cfg, &logits, &history, position as usize)
+                );
+                assert_eq!(first.token, all[0].1);
+                assert!((first.confidence as f64 - 1.0 / total).abs() < 1e-5);
+                let second = second.unwrap();
+                assert_eq!(second.token, all[1].1, "{cfg:?} at {position}");
+                let want = (all[1].0 - all[0].0).exp() / total;
+                assert!((second.confidence as f64 - want).abs() < 1e-5);
+                assert!(second.confidence <= first.confidence);
+            }
+        }
+        let one = SamplerConfig { top_k: 1, ..base };
+        let (first, second) = coupled_choice(&one, &logits, &[], 0).unwrap();
+        assert_eq!((first.confidence, second), (1.0, None));
     }
 }

@@ -5,8 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use spindle_engine::sampler::argmax;
+use spindle_engine::sampler::sample;
 use spindle_engine::speculative::{Draft, DraftModelDrafter, Drafter, Source};
+use spindle_engine::SamplerConfig;
 use spindle_model::{Batch, Model, Row};
 
 const ARCHS: [&str; 3] = ["gemma3", "llama", "qwen3moe"];
@@ -50,6 +51,12 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// Plain greedy decoding of `model` after `history`, one token per pass
 /// (the history too), on a fresh cache: the next `n` tokens.
 fn greedy(model: &Model, history: &[u32], n: usize) -> Vec<u32> {
+    decode(model, history, n, &SamplerConfig::default())
+}
+
+/// Plain decoding of `model` after `history` under `cfg`: each token is
+/// the sampler's at its absolute position.
+fn decode(model: &Model, history: &[u32], n: usize, cfg: &SamplerConfig) -> Vec<u32> {
     let mut kv = model.new_kv_cache(model.default_kv_type(), CTX, 1);
     let seq = kv.add_sequence().unwrap();
     let run = |token: u32, kv: &mut spindle_model::KvCache| {
@@ -70,9 +77,11 @@ fn greedy(model: &Model, history: &[u32], n: usize) -> Vec<u32> {
         logits = run(t, &mut kv);
     }
     let mut out = Vec::new();
+    let mut seen = history.to_vec();
     while out.len() < n {
-        let t = argmax(&logits);
+        let t = sample(cfg, &logits, &seen, seen.len());
         out.push(t);
+        seen.push(t);
         if out.len() < n {
             logits = run(t, &mut kv);
         }
@@ -116,7 +125,7 @@ fn draft_model_of_itself_drafts_plain_greedy_decoding() {
         d.check_vocab(vocab).unwrap();
         let mut history = tokens(20, vocab, 1);
         for (step, &a) in ACCEPT.iter().enumerate() {
-            let drafts = d.propose(&history, 12).unwrap();
+            let drafts = d.propose(&history, 12, &SamplerConfig::default()).unwrap();
             check_probs(&drafts, 0.0);
             let want = greedy(&target, &history, 13);
             assert_eq!(
@@ -145,6 +154,91 @@ fn draft_model_of_itself_drafts_plain_greedy_decoding() {
     }
 }
 
+/// Sampling at temperature 0.8, a model drafting for itself proposes the
+/// tokens plain sampling draws (the same noise at the same positions),
+/// under each seed in turn on one drafter, with top-k too; its runner-up
+/// is another token.
+#[test]
+fn draft_model_of_itself_drafts_plain_sampling() {
+    for arch in ARCHS {
+        let target = load(arch);
+        let vocab = target.config.vocab_size;
+        let mut d = drafter(arch, 0.0);
+        let history = tokens(24, vocab, 3);
+        for (seed, top_k) in [(1, 0), (2, 0), (1, 0), (3, 40)] {
+            let cfg = SamplerConfig {
+                temperature: 0.8,
+                top_k,
+                seed,
+                ..Default::default()
+            };
+            let drafts = d.propose(&history, 10, &cfg).unwrap();
+            check_probs(&drafts, 0.0);
+            let want = decode(&target, &history, 10, &cfg);
+            assert_eq!(drafts[0].tokens, want, "{arch} seed {seed} top-k {top_k}");
+            assert_ne!(
+                want,
+                greedy(&target, &history, 10),
+                "{arch}: sampling differs"
+            );
+        }
+    }
+}
+
+/// Speculation at temperature 0.8 with the target drafting for itself:
+/// the output is plain sampling's, and every drafted token on the
+/// draft's own path is accepted, since the draft draws with the target's
+/// noise (an argmax draft would be accepted only where the draw happens to
+/// be the argmax).
+#[test]
+fn coupled_self_drafts_are_accepted_when_sampling() {
+    use spindle_engine::speculative::{generate_speculative_on, TreeBudget};
+    use spindle_engine::{generate_on, GenerateRequest};
+    for arch in ARCHS {
+        let target = load(arch);
+        let vocab = target.config.vocab_size;
+        let req = GenerateRequest {
+            prompt: tokens(12, vocab, 21),
+            max_tokens: 60,
+            sampler: SamplerConfig {
+                temperature: 0.8,
+                seed: 9,
+                ..Default::default()
+            },
+            stop_ids: Vec::new(),
+            constraint: None,
+        };
+        let mut kv = target.new_kv_cache(target.default_kv_type(), CTX, 1);
+        let seq = kv.add_sequence().unwrap();
+        let plain = generate_on(&target, &mut kv, seq, &req, &mut |_| true).unwrap();
+        let mut kv = target.new_kv_cache(target.default_kv_type(), CTX, 1);
+        let seq = kv.add_sequence().unwrap();
+        let mut d = drafter(arch, 0.0);
+        let mut policy = TreeBudget::fixed(8);
+        let out = generate_speculative_on(
+            &target,
+            &mut kv,
+            seq,
+            &req,
+            &mut d,
+            &mut policy,
+            &mut |_| true,
+        )
+        .unwrap();
+        assert_eq!(out.tokens, plain.tokens, "{arch}: lossless");
+        let s = &out.stats;
+        let (drafted, accepted) = s.by_source[Source::Model.index()];
+        // Each pass verifies the 7-token chain and the runner-up: the
+        // chain is taken whole (the last pass may stop inside it).
+        assert!(drafted > 0, "{arch}");
+        assert!(
+            s.passes <= 60usize.div_ceil(8) + 1,
+            "{arch}: {} passes for 60 tokens ({accepted}/{drafted} accepted)",
+            s.passes
+        );
+    }
+}
+
 /// Histories in the order a speculative loop produces them, and some it
 /// does not: each result equals a fresh drafter's for the same history.
 #[test]
@@ -154,8 +248,10 @@ fn draft_model_incremental_sync_equals_a_fresh_drafter() {
             let vocab = load(arch).config.vocab_size;
             let mut d = drafter(arch, min_prob);
             let mut check = |h: &[u32], what: &str| -> Vec<Draft> {
-                let got = d.propose(h, 12).unwrap();
-                let want = drafter(arch, min_prob).propose(h, 12).unwrap();
+                let got = d.propose(h, 12, &SamplerConfig::default()).unwrap();
+                let want = drafter(arch, min_prob)
+                    .propose(h, 12, &SamplerConfig::default())
+                    .unwrap();
                 assert_eq!(got, want, "{arch} min_prob {min_prob}: {what}");
                 check_probs(&got, min_prob);
                 got
@@ -221,10 +317,10 @@ fn draft_model_probs_are_probabilities() {
         let mut d0 = drafter(arch, 0.0);
         for seed in 0..8 {
             let h = tokens(5 + 9 * seed as usize, vocab, seed);
-            let drafts = d.propose(&h, 16).unwrap();
+            let drafts = d.propose(&h, 16, &SamplerConfig::default()).unwrap();
             assert!(!drafts.is_empty());
             check_probs(&drafts, 0.1);
-            let drafts0 = d0.propose(&h, 16).unwrap();
+            let drafts0 = d0.propose(&h, 16, &SamplerConfig::default()).unwrap();
             check_probs(&drafts0, 0.0);
             assert_eq!(drafts0[0].tokens.len(), 16);
             // The thresholded draft is a prefix of the full one.
@@ -255,33 +351,58 @@ fn draft_model_edge_cases() {
     let err = d.check_vocab(vocab + 1).unwrap_err().to_string();
     assert!(err.contains("vocabulary"), "{err}");
 
-    assert!(d.propose(&[], 8).unwrap().is_empty());
-    assert!(d.propose(&[1, 2, 3], 0).unwrap().is_empty());
-    assert!(d.propose(&tokens(ctx + 1, vocab, 3), 8).unwrap().is_empty());
+    assert!(d
+        .propose(&[], 8, &SamplerConfig::default())
+        .unwrap()
+        .is_empty());
+    assert!(d
+        .propose(&[1, 2, 3], 0, &SamplerConfig::default())
+        .unwrap()
+        .is_empty());
+    assert!(d
+        .propose(&tokens(ctx + 1, vocab, 3), 8, &SamplerConfig::default())
+        .unwrap()
+        .is_empty());
 
     // A long request is clamped to the rollback allowance.
     let mut big = DraftModelDrafter::new(load(arch), 256)
         .unwrap()
         .with_min_prob(0.0);
-    let drafts = big.propose(&[1, 2, 3], 1000).unwrap();
+    let drafts = big
+        .propose(&[1, 2, 3], 1000, &SamplerConfig::default())
+        .unwrap();
     assert_eq!(drafts[0].tokens.len(), 64);
 
     // The context bounds the draft: each token after the first needs the
     // one before it run inside the context.
     let h = tokens(ctx - 3, vocab, 5);
-    assert_eq!(d.propose(&h, 12).unwrap()[0].tokens.len(), 4);
+    assert_eq!(
+        d.propose(&h, 12, &SamplerConfig::default()).unwrap()[0]
+            .tokens
+            .len(),
+        4
+    );
     let h = tokens(ctx, vocab, 5);
-    assert_eq!(d.propose(&h, 12).unwrap()[0].tokens.len(), 1);
+    assert_eq!(
+        d.propose(&h, 12, &SamplerConfig::default()).unwrap()[0]
+            .tokens
+            .len(),
+        1
+    );
 
     // A token outside the vocabulary is an error; the drafter still works.
-    assert!(d.propose(&[1, vocab as u32 + 7, 2], 4).is_err());
-    assert!(d.propose(&[u32::MAX], 4).is_err());
+    assert!(d
+        .propose(&[1, vocab as u32 + 7, 2], 4, &SamplerConfig::default())
+        .is_err());
+    assert!(d
+        .propose(&[u32::MAX], 4, &SamplerConfig::default())
+        .is_err());
     let h = tokens(10, vocab, 9);
-    let got = d.propose(&h, 8).unwrap();
+    let got = d.propose(&h, 8, &SamplerConfig::default()).unwrap();
     let want = DraftModelDrafter::new(load(arch), ctx)
         .unwrap()
         .with_min_prob(0.0)
-        .propose(&h, 8)
+        .propose(&h, 8, &SamplerConfig::default())
         .unwrap();
     assert_eq!(got, want);
 }

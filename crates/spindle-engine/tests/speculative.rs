@@ -72,7 +72,12 @@ impl Drafter for Random {
         "random"
     }
 
-    fn propose(&mut self, _: &[u32], max_len: usize) -> Result<Vec<Draft>, EngineError> {
+    fn propose(
+        &mut self,
+        _: &[u32],
+        max_len: usize,
+        _: &SamplerConfig,
+    ) -> Result<Vec<Draft>, EngineError> {
         let mut next = || {
             self.state ^= self.state << 13;
             self.state ^= self.state >> 7;
@@ -96,7 +101,12 @@ impl Drafter for Oracle {
         "oracle"
     }
 
-    fn propose(&mut self, history: &[u32], max_len: usize) -> Result<Vec<Draft>, EngineError> {
+    fn propose(
+        &mut self,
+        history: &[u32],
+        max_len: usize,
+        _: &SamplerConfig,
+    ) -> Result<Vec<Draft>, EngineError> {
         if !self.full.starts_with(history) {
             return Ok(Vec::new());
         }

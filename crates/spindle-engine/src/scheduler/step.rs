@@ -121,12 +121,17 @@ impl EngineLoop {
                             .set_pass_cost(fixed / n_decode as f64 + per_row, per_row);
                     }
                     let depth = draft_depth(r.req.params.max_tokens - r.generated, max_len, p);
-                    s.draft(&r.history, depth, r.constraint.as_mut())
-                        .unwrap_or_else(|e| {
-                            // The walk decides the tokens either way.
-                            tracing::warn!("drafting failed, decoding plainly this pass: {e}");
-                            TokenTree::default()
-                        })
+                    s.draft(
+                        &r.history,
+                        &r.req.params.sampler,
+                        depth,
+                        r.constraint.as_mut(),
+                    )
+                    .unwrap_or_else(|e| {
+                        // The walk decides the tokens either way.
+                        tracing::warn!("drafting failed, decoding plainly this pass: {e}");
+                        TokenTree::default()
+                    })
                 }
                 _ => TokenTree::default(),
             };

@@ -3,6 +3,7 @@
 
 use super::drafter::{Draft, Drafter};
 use crate::error::EngineError;
+use crate::sampler::SamplerConfig;
 
 /// Proposes what every inner drafter proposes.
 pub struct Combined {
@@ -26,10 +27,15 @@ impl Drafter for Combined {
         &self.name
     }
 
-    fn propose(&mut self, history: &[u32], max_len: usize) -> Result<Vec<Draft>, EngineError> {
+    fn propose(
+        &mut self,
+        history: &[u32],
+        max_len: usize,
+        sampler: &SamplerConfig,
+    ) -> Result<Vec<Draft>, EngineError> {
         let mut all = Vec::new();
         for d in &mut self.drafters {
-            all.extend(d.propose(history, max_len)?);
+            all.extend(d.propose(history, max_len, sampler)?);
         }
         Ok(all)
     }
@@ -58,7 +64,12 @@ mod tests {
         fn name(&self) -> &str {
             "fixed"
         }
-        fn propose(&mut self, _: &[u32], _: usize) -> Result<Vec<Draft>, EngineError> {
+        fn propose(
+            &mut self,
+            _: &[u32],
+            _: usize,
+            _: &SamplerConfig,
+        ) -> Result<Vec<Draft>, EngineError> {
             Ok(vec![Draft::uniform(self.0.clone(), 0.8)])
         }
     }
@@ -71,7 +82,9 @@ mod tests {
         ]);
         assert_eq!(c.name(), "ngram+fixed");
         // n-gram: "1 2 3 ... 1 2" -> "3 4"; fixed: "4 7".
-        let drafts = c.propose(&[1, 2, 3, 4, 1, 2], 2).unwrap();
+        let drafts = c
+            .propose(&[1, 2, 3, 4, 1, 2], 2, &SamplerConfig::default())
+            .unwrap();
         assert_eq!(drafts.len(), 2);
         let t = TokenTree::build(&drafts, 16);
         let roots: Vec<u32> = t

@@ -1,6 +1,9 @@
 //! Drafting with a smaller model that shares the target's vocabulary (a
-//! smaller sibling, or the same model at lower precision): it decodes
-//! greedily on its own KV cache, a few tokens ahead of the target.
+//! smaller sibling, or the same model at lower precision): it decodes on
+//! its own KV cache, a few tokens ahead of the target, choosing each token
+//! as the target's sampler would from the draft's logits (greedy: the
+//! argmax; sampling: the same Gumbel noise, so a close draft model draws
+//! the target's token, not merely its likeliest).
 //!
 //! The draft cache is kept in step with the history incrementally: what it
 //! has committed is the last history it saw plus the tokens it drafted after
@@ -16,7 +19,7 @@ use std::sync::Arc;
 use spindle_model::{Batch, KvCache, KvLayout, Model, ModelError, SeqId};
 
 use crate::error::EngineError;
-use crate::sampler::argmax;
+use crate::sampler::{argmax, coupled_choice, sample, SamplerConfig};
 
 use super::drafter::{Draft, Drafter, Source};
 
@@ -48,8 +51,8 @@ pub struct DraftModelStats {
     pub resets: usize,
 }
 
-/// What the draft model predicts after a committed token: its greedy pick
-/// and the runner-up, with their probabilities.
+/// What the draft model predicts after a committed token: its pick and the
+/// runner-up, with the drafter's confidence in each.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Pick {
     top: u32,
@@ -58,17 +61,36 @@ struct Pick {
 }
 
 impl Pick {
-    fn of(logits: &[f32]) -> Pick {
-        let top = argmax(logits);
-        Pick {
-            top,
-            top_p: prob_of(logits, top),
-            second: runner_up(logits).map(|t| (t, prob_of(logits, t))),
+    /// The pick after `path` (the token at position `path.len()`) under
+    /// the target's sampling `noise`. Greedy: the argmax (after any
+    /// penalties) with its softmax probability; sampling: the token the
+    /// target's own draw would choose from these logits, and the runner-up
+    /// by the same scores ([`coupled_choice`]).
+    fn of(logits: &[f32], noise: &SamplerConfig, path: &[u32]) -> Pick {
+        if noise.is_greedy() {
+            let top = sample(noise, logits, path, path.len());
+            return Pick {
+                top,
+                top_p: prob_of(logits, top),
+                second: runner_up(logits, top).map(|t| (t, prob_of(logits, t))),
+            };
+        }
+        match coupled_choice(noise, logits, path, path.len()) {
+            Some((first, second)) => Pick {
+                top: first.token,
+                top_p: first.confidence,
+                second: second.map(|s| (s.token, s.confidence)),
+            },
+            None => Pick {
+                top: argmax(logits),
+                top_p: f32::NAN,
+                second: None,
+            },
         }
     }
 }
 
-/// A [`Drafter`] running a draft model greedily on its own KV cache.
+/// A [`Drafter`] running a draft model on its own KV cache.
 pub struct DraftModelDrafter {
     /// Shared by every sequence's drafter (the server has one per slot).
     model: Arc<Model>,
@@ -77,8 +99,11 @@ pub struct DraftModelDrafter {
     /// Tokens committed to the draft cache, in order.
     committed: Vec<u32>,
     /// `picks[i]`: the prediction after `committed[..=i]`, where it was
-    /// computed (the last row of a catch-up, every drafting step).
+    /// computed (the last row of a catch-up, every drafting step), under
+    /// `noise`.
     picks: Vec<Option<Pick>>,
+    /// The sampling the picks were made for (a request's own).
+    noise: SamplerConfig,
     min_prob: f32,
     stats: DraftModelStats,
 }
@@ -97,6 +122,7 @@ impl DraftModelDrafter {
             seq,
             committed: Vec::new(),
             picks: Vec::new(),
+            noise: SamplerConfig::default(),
             min_prob: DEFAULT_MIN_PROB,
             stats: DraftModelStats::default(),
         })
@@ -218,7 +244,9 @@ impl DraftModelDrafter {
             self.committed.extend_from_slice(chunk);
             self.picks.resize(self.committed.len(), None);
             if is_last {
-                pick = logits.row(batch.len() - 1).map(Pick::of);
+                pick = logits
+                    .row(batch.len() - 1)
+                    .map(|row| Pick::of(row, &self.noise, path));
             }
         }
         let Some(pick) = pick else {
@@ -242,10 +270,22 @@ impl Drafter for DraftModelDrafter {
         "draft"
     }
 
-    /// One greedy draft of up to `max_len` (at most [`ROLLBACK`]) tokens,
-    /// then, when confident enough, the runner-up first token alone.
-    fn propose(&mut self, history: &[u32], max_len: usize) -> Result<Vec<Draft>, EngineError> {
+    /// One draft of up to `max_len` (at most [`ROLLBACK`]) tokens, each the
+    /// pick under the request's `sampler`, then, when confident enough, the
+    /// runner-up first token alone.
+    fn propose(
+        &mut self,
+        history: &[u32],
+        max_len: usize,
+        sampler: &SamplerConfig,
+    ) -> Result<Vec<Draft>, EngineError> {
         let max_len = max_len.min(ROLLBACK);
+        if *sampler != self.noise {
+            // Picks made under other noise are other tokens; the cache
+            // itself stays.
+            self.noise = sampler.clone();
+            self.picks.iter_mut().for_each(|p| *p = None);
+        }
         if history.is_empty() || max_len == 0 || history.len() > self.kv.max_len() {
             return Ok(Vec::new());
         }
@@ -303,9 +343,9 @@ fn prob_of(logits: &[f32], token: u32) -> f32 {
     ((l as f64 - max).exp() / sum) as f32
 }
 
-/// The second most likely token (lowest id on a tie), if any.
-fn runner_up(logits: &[f32]) -> Option<u32> {
-    let top = argmax(logits) as usize;
+/// The most likely token other than `top` (lowest id on a tie), if any.
+fn runner_up(logits: &[f32], top: u32) -> Option<u32> {
+    let top = top as usize;
     let mut best: Option<usize> = None;
     for (i, &v) in logits.iter().enumerate() {
         if i != top && best.is_none_or(|b| v > logits[b]) {
@@ -336,9 +376,9 @@ mod tests {
 
     #[test]
     fn draft_model_runner_up_takes_the_second_lowest_id_on_ties() {
-        assert_eq!(runner_up(&[1.0, 3.0, 2.0, 2.0]), Some(2));
-        assert_eq!(runner_up(&[3.0, 3.0, 1.0]), Some(1));
-        assert_eq!(runner_up(&[5.0]), None);
-        assert_eq!(runner_up(&[]), None);
+        assert_eq!(runner_up(&[1.0, 3.0, 2.0, 2.0], 1), Some(2));
+        assert_eq!(runner_up(&[3.0, 3.0, 1.0], 0), Some(1));
+        assert_eq!(runner_up(&[5.0], 0), None);
+        assert_eq!(runner_up(&[], 0), None);
     }
 }

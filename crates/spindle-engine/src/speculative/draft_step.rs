@@ -10,6 +10,7 @@ use super::token_tree::{TokenTree, CERTAIN, MAX_DEPTH};
 use super::tree_budget::TreeBudget;
 use crate::constraint::Constraint;
 use crate::error::EngineError;
+use crate::sampler::SamplerConfig;
 
 /// How likely a grammar's closer branch is taken, before anything is
 /// measured (a value ends after any of its tokens with about this chance).
@@ -39,10 +40,15 @@ pub fn draft_depth(left: usize, max_len: usize, pos: usize) -> usize {
 ///
 /// Under a `constraint`, each drafted continuation is cut where the grammar
 /// forbids it and extended by what the grammar then forces.
+///
+/// Drafts are coupled to the request's `sampler`: drafters rank their
+/// tokens under the target's own noise, and the tree ranks count-based
+/// siblings the same way ([`TokenTree::build_coupled`]).
 pub fn draft_tree(
     drafter: &mut dyn Drafter,
     budget: &mut TreeBudget,
     history: &[u32],
+    sampler: &SamplerConfig,
     depth: usize,
     mut constraint: Option<&mut Constraint>,
 ) -> Result<TokenTree, EngineError> {
@@ -67,9 +73,9 @@ pub fn draft_tree(
     if ask > 0 {
         let t = Instant::now();
         let proposed = if forced.is_empty() {
-            drafter.propose(history, ask)?
+            drafter.propose(history, ask, sampler)?
         } else {
-            drafter.propose(&[history, forced].concat(), ask)?
+            drafter.propose(&[history, forced].concat(), ask, sampler)?
         };
         for d in proposed {
             let mut tokens = forced.to_vec();
@@ -116,7 +122,12 @@ pub fn draft_tree(
             source: Source::Grammar,
         });
     }
-    let mut full = TokenTree::build(&drafts, budget.max_nodes + forced.len());
+    let mut full = TokenTree::build_coupled(
+        &drafts,
+        budget.max_nodes + forced.len(),
+        sampler,
+        history.len(),
+    );
     // Forced nodes have reach 1 and are the shallowest, so they come first
     // in the trie and in any cut.
     full.forced = forced.len().min(full.len());
@@ -129,6 +140,7 @@ impl Speculation {
     pub fn draft(
         &mut self,
         history: &[u32],
+        sampler: &SamplerConfig,
         depth: usize,
         constraint: Option<&mut Constraint>,
     ) -> Result<TokenTree, EngineError> {
@@ -136,6 +148,7 @@ impl Speculation {
             self.drafter.as_mut(),
             &mut self.budget,
             history,
+            sampler,
             depth,
             constraint,
         )

@@ -12,6 +12,7 @@ use super::ngram_drafter::NgramDrafter;
 use super::suffix_drafter::SuffixDrafter;
 use super::traffic_cache::TrafficCache;
 use crate::error::EngineError;
+use crate::sampler::SamplerConfig;
 
 /// Where a draft came from: the tree-budget policy learns how often each
 /// source's tokens are accepted, at each depth, and spends its nodes where
@@ -101,7 +102,20 @@ pub trait Drafter: Send {
     /// Candidate continuations of `history` (prompt and every emitted token,
     /// the last of which the target has not run yet), each at most
     /// `max_len` tokens. Empty when there is nothing worth trying.
-    fn propose(&mut self, history: &[u32], max_len: usize) -> Result<Vec<Draft>, EngineError>;
+    ///
+    /// `sampler` is the request's own sampling: the token after `history`
+    /// is drawn at position `history.len()` (the history starts at 0), the
+    /// `i`-th drafted one at `history.len() + i`. A drafter with a
+    /// distribution ranks its tokens under the target's noise at those
+    /// positions ([`crate::sampler::coupled_choice`]); count-based drafters
+    /// may ignore it, as the tree couples their shares
+    /// ([`super::TokenTree::couple`]).
+    fn propose(
+        &mut self,
+        history: &[u32],
+        max_len: usize,
+        sampler: &SamplerConfig,
+    ) -> Result<Vec<Draft>, EngineError>;
 
     /// A new request starts in this drafter's sequence slot, from
     /// `tenant` (an API key or `user`; drafts from earlier traffic come

@@ -111,7 +111,14 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             // The last emitted token is pending (not run yet), at `p`.
             let p = self.history.len() - 1;
             let depth = draft_depth(self.req.max_tokens - generated, rules.max_len, p);
-            let tree = draft_tree(drafter, policy, &self.history, depth, constraint.as_mut())?;
+            let tree = draft_tree(
+                drafter,
+                policy,
+                &self.history,
+                rules.sampler,
+                depth,
+                constraint.as_mut(),
+            )?;
 
             let mut batch = Batch::new();
             let token = self.history[p];

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use super::drafter::{Draft, Drafter, Source};
 use crate::error::EngineError;
+use crate::sampler::SamplerConfig;
 
 /// Drafts continuations of earlier occurrences of the current suffix.
 #[derive(Debug, Clone)]
@@ -48,7 +49,12 @@ impl Drafter for NgramDrafter {
         "ngram"
     }
 
-    fn propose(&mut self, history: &[u32], max_len: usize) -> Result<Vec<Draft>, EngineError> {
+    fn propose(
+        &mut self,
+        history: &[u32],
+        max_len: usize,
+        _sampler: &SamplerConfig,
+    ) -> Result<Vec<Draft>, EngineError> {
         let len = history.len();
         if max_len == 0 || len < 2 {
             return Ok(Vec::new());
@@ -111,10 +117,12 @@ mod tests {
         // "1 2 3 4 9 ... 1 2 3" -> "4 9 8"; the later "2 3 7" matches a
         // shorter suffix only.
         let h = [1, 2, 3, 4, 9, 8, 2, 3, 7, 5, 1, 2, 3];
-        let drafts = d.propose(&h, 3).unwrap();
+        let drafts = d.propose(&h, 3, &SamplerConfig::default()).unwrap();
         assert_eq!(drafts[0].tokens, vec![4, 9, 8]);
         // A loop drafts on past the end of the text: "7 1 2 | 7 1" -> "2 7 1 2".
-        let drafts = d.propose(&[7, 1, 2, 7, 1], 4).unwrap();
+        let drafts = d
+            .propose(&[7, 1, 2, 7, 1], 4, &SamplerConfig::default())
+            .unwrap();
         assert_eq!(drafts[0].tokens, vec![2, 7, 1, 2]);
         assert_eq!(drafts.len(), 1, "one occurrence of the 3-token suffix");
     }
@@ -125,7 +133,7 @@ mod tests {
         // Only the 2-token suffix "5 6" occurred before: at 3 (then "2 5")
         // and at 0 (then "1 5").
         let h = [5, 6, 1, 5, 6, 2, 5, 6];
-        let drafts = d.propose(&h, 2).unwrap();
+        let drafts = d.propose(&h, 2, &SamplerConfig::default()).unwrap();
         let conts: Vec<_> = drafts.iter().map(|d| d.tokens.clone()).collect();
         assert_eq!(conts, vec![vec![2, 5], vec![1, 5]], "most recent first");
         for dr in &drafts {
@@ -137,9 +145,21 @@ mod tests {
     #[test]
     fn nothing_to_draft() {
         let mut d = NgramDrafter::default();
-        assert!(d.propose(&[], 4).unwrap().is_empty());
-        assert!(d.propose(&[1], 4).unwrap().is_empty());
-        assert!(d.propose(&[1, 2, 3, 4], 4).unwrap().is_empty());
-        assert!(d.propose(&[1, 1, 1], 0).unwrap().is_empty());
+        assert!(d
+            .propose(&[], 4, &SamplerConfig::default())
+            .unwrap()
+            .is_empty());
+        assert!(d
+            .propose(&[1], 4, &SamplerConfig::default())
+            .unwrap()
+            .is_empty());
+        assert!(d
+            .propose(&[1, 2, 3, 4], 4, &SamplerConfig::default())
+            .unwrap()
+            .is_empty());
+        assert!(d
+            .propose(&[1, 1, 1], 0, &SamplerConfig::default())
+            .unwrap()
+            .is_empty());
     }
 }

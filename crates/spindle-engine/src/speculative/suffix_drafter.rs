@@ -11,6 +11,7 @@ use super::drafter::{Draft, Drafter, Source};
 use super::suffix_trie::{Growth, SuffixTrie};
 use super::traffic_cache::TrafficCache;
 use crate::error::EngineError;
+use crate::sampler::SamplerConfig;
 
 /// Longest substring the request's trie keeps (match and draft together).
 const DEPTH: usize = 40;
@@ -67,7 +68,12 @@ impl Drafter for SuffixDrafter {
         "suffix"
     }
 
-    fn propose(&mut self, history: &[u32], max_len: usize) -> Result<Vec<Draft>, EngineError> {
+    fn propose(
+        &mut self,
+        history: &[u32],
+        max_len: usize,
+        _sampler: &SamplerConfig,
+    ) -> Result<Vec<Draft>, EngineError> {
         self.follow(history);
         if max_len == 0 || history.is_empty() {
             return Ok(Vec::new());
@@ -121,7 +127,7 @@ mod tests {
         d.begin("a");
         // The request repeats "5 6 7 8": drafted from its own text.
         let h = [5, 6, 7, 8, 1, 5, 6];
-        let drafts = d.propose(&h, 4).unwrap();
+        let drafts = d.propose(&h, 4, &SamplerConfig::default()).unwrap();
         assert_eq!(drafts.len(), 1);
         assert_eq!(drafts[0].tokens, vec![7, 8, 1, 5]);
         assert_eq!(drafts[0].source, Source::Request);
@@ -130,7 +136,7 @@ mod tests {
         d.end(&[5, 6, 7, 9, 9], 2);
         let mut e = SuffixDrafter::new(true, Some(cache.clone()));
         e.begin("a");
-        let drafts = e.propose(&[3, 6], 4).unwrap();
+        let drafts = e.propose(&[3, 6], 4, &SamplerConfig::default()).unwrap();
         let traffic: Vec<_> = drafts
             .iter()
             .filter(|d| d.source == Source::Traffic)
@@ -139,15 +145,29 @@ mod tests {
         assert_eq!(traffic[0].tokens, vec![7, 9, 9]);
         // Another tenant does not.
         e.begin("b");
-        assert!(e.propose(&[3, 6], 4).unwrap().is_empty());
+        assert!(e
+            .propose(&[3, 6], 4, &SamplerConfig::default())
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
     fn a_new_history_starts_a_new_trie() {
         let mut d = SuffixDrafter::new(true, None);
-        assert_eq!(d.propose(&[1, 2, 3, 1], 2).unwrap()[0].tokens, vec![2, 3]);
+        assert_eq!(
+            d.propose(&[1, 2, 3, 1], 2, &SamplerConfig::default())
+                .unwrap()[0]
+                .tokens,
+            vec![2, 3]
+        );
         // Not an extension of [1, 2, 3, 1]: the old text must not draft.
-        assert!(d.propose(&[4, 1], 2).unwrap().is_empty());
-        assert_eq!(d.propose(&[4, 1, 4], 2).unwrap()[0].tokens, vec![1, 4]);
+        assert!(d
+            .propose(&[4, 1], 2, &SamplerConfig::default())
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            d.propose(&[4, 1, 4], 2, &SamplerConfig::default()).unwrap()[0].tokens,
+            vec![1, 4]
+        );
     }
 }

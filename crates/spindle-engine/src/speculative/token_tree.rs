@@ -2,6 +2,7 @@
 //! cut to a node budget by the probability that each node is reached.
 
 use super::drafter::Source;
+use crate::sampler::{gumbel_noise, SamplerConfig};
 
 /// Deepest a tree may go (tokens drafted past the pending one).
 pub const MAX_DEPTH: usize = 16;
@@ -27,6 +28,12 @@ pub struct Node {
     pub sources: u8,
 }
 
+/// Sources whose shares among siblings are counts of what followed the
+/// same context before (n-gram lookup, suffix tries), not a distribution
+/// computed under the request's noise.
+const COUNTED: u8 =
+    1 << Source::Ngram as u8 | 1 << Source::Request as u8 | 1 << Source::Traffic as u8;
+
 /// A draft probability that means "the grammar forces this token": only
 /// grammar drafts use it; drafters' estimates stay below it.
 pub const CERTAIN: f32 = 1.0;
@@ -46,6 +53,71 @@ impl TokenTree {
     /// to be reached ([`TokenTree::cut`]), at most [`MAX_DEPTH`] deep.
     pub fn build(drafts: &[super::Draft], budget: usize) -> TokenTree {
         Self::trie(drafts).cut(budget)
+    }
+
+    /// [`TokenTree::build`] for a request sampled with `sampler`, whose
+    /// first drafted token sits at absolute `position`: count-based
+    /// siblings are ranked by the target's noise ([`TokenTree::couple`])
+    /// before the cut.
+    pub fn build_coupled(
+        drafts: &[super::Draft],
+        budget: usize,
+        sampler: &SamplerConfig,
+        position: usize,
+    ) -> TokenTree {
+        let mut all = Self::trie(drafts);
+        all.couple(sampler, position);
+        all.cut(budget)
+    }
+
+    /// Couples count-based drafts to the sampler's noise. At temperature
+    /// 0 the likeliest child is the best guess, and nothing changes. When
+    /// sampling, the target draws `argmax(logit/T + g)` with variates `g`
+    /// keyed by seed, position and token; the counts' own Gumbel-max draw
+    /// under those variates, `argmax(ln share + g)`, matches it far more
+    /// often than their likeliest child does. So within each set of
+    /// siblings that only count-based sources proposed, the child ranked
+    /// first by `ln share + g` takes the largest share, the second the next,
+    /// and so on (the shares themselves stay, as do every node's shares
+    /// below it); reaches are recomputed from the shares. `position`: the
+    /// absolute position of depth-1 nodes.
+    pub fn couple(&mut self, sampler: &SamplerConfig, position: usize) {
+        if sampler.is_greedy() || self.nodes.len() < 2 {
+            return;
+        }
+        let nodes = &self.nodes;
+        let reach_of = |p: Option<usize>| p.map_or(1.0, |p| nodes[p].reach as f64);
+        let local: Vec<f64> = nodes
+            .iter()
+            .map(|n| (n.reach as f64 / reach_of(n.parent).max(1e-12)).clamp(1e-12, 1.0))
+            .collect();
+        let mut groups = std::collections::HashMap::<Option<usize>, Vec<usize>>::new();
+        for (i, n) in nodes.iter().enumerate() {
+            if !n.certain && n.sources & !COUNTED == 0 {
+                groups.entry(n.parent).or_default().push(i);
+            }
+        }
+        let mut coupled = local.clone();
+        for group in groups.values().filter(|g| g.len() > 1) {
+            let score = |i: usize| {
+                let n = &nodes[i];
+                local[i].ln() + gumbel_noise(sampler.seed, position + n.depth - 1, n.token)
+            };
+            let mut ranked: Vec<(f64, usize)> = group.iter().map(|&i| (score(i), i)).collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut shares: Vec<f64> = group.iter().map(|&i| local[i]).collect();
+            shares.sort_by(|a, b| b.total_cmp(a));
+            for ((_, i), share) in ranked.into_iter().zip(shares) {
+                coupled[i] = share;
+            }
+        }
+        // Parents come before their children.
+        for i in 0..self.nodes.len() {
+            let parent = self.nodes[i]
+                .parent
+                .map_or(1.0, |p| self.nodes[p].reach as f64);
+            self.nodes[i].reach = (parent * coupled[i]) as f32;
+        }
     }
 
     /// All of `drafts` merged into a trie (shared prefixes once), at most
@@ -267,5 +339,47 @@ mod tests {
         let long: Vec<u32> = (0..40).collect();
         let t = TokenTree::build(&[d(&long, 1.0)], 64);
         assert_eq!(t.len(), MAX_DEPTH);
+    }
+
+    /// Coupled to the noise, a set of count-based siblings gives its top
+    /// share to each child about as often as that share (a Gumbel-max draw
+    /// from the counts); greedy, nothing moves; a grammar's or a draft
+    /// model's node keeps its place; a node's own subtree moves with it.
+    #[test]
+    fn coupling_draws_the_top_child_from_the_counts() {
+        let drafts = [
+            d(&[1, 7], 0.5).from(Source::Ngram),
+            d(&[2], 0.3).from(Source::Request),
+            d(&[3], 0.2).from(Source::Traffic),
+            d(&[4], 0.4).from(Source::Model),
+        ];
+        let plain = TokenTree::build(&drafts, 16);
+        let greedy = SamplerConfig::default();
+        assert_eq!(TokenTree::build_coupled(&drafts, 16, &greedy, 10), plain);
+        let mut top = [0usize; 3];
+        let runs = 6000;
+        for position in 0..runs {
+            let sampler = SamplerConfig {
+                temperature: 0.8,
+                seed: 11,
+                ..Default::default()
+            };
+            let t = TokenTree::build_coupled(&drafts, 16, &sampler, position);
+            let reach = |token: u32| t.nodes[t.child(None, token).unwrap()].reach;
+            let mut shares = [reach(1), reach(2), reach(3)];
+            let winner = (0..3)
+                .max_by(|&a, &b| shares[a].total_cmp(&shares[b]))
+                .unwrap();
+            top[winner] += 1;
+            shares.sort_by(|a, b| b.total_cmp(a));
+            assert_eq!(shares, [0.5, 0.3, 0.2]);
+            assert_eq!(reach(4), 0.4);
+            let below = t.nodes[t.child(t.child(None, 1), 7).unwrap()].reach;
+            assert!((below - reach(1) * 0.5).abs() < 1e-6);
+        }
+        for (count, want) in top.iter().zip([0.5, 0.3, 0.2]) {
+            let got = *count as f64 / runs as f64;
+            assert!((got - want).abs() < 0.03, "{top:?}");
+        }
     }
 }
