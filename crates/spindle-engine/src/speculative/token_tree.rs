@@ -112,11 +112,11 @@ impl TokenTree {
             }
         }
         // Parents come before their children.
-        for i in 0..self.nodes.len() {
+        for (i, share) in coupled.into_iter().enumerate() {
             let parent = self.nodes[i]
                 .parent
                 .map_or(1.0, |p| self.nodes[p].reach as f64);
-            self.nodes[i].reach = (parent * coupled[i]) as f32;
+            self.nodes[i].reach = (parent * share) as f32;
         }
     }
 
