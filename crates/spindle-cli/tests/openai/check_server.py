@@ -720,8 +720,16 @@ def _():
     # what the spindle: ones say.
     stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=200, temperature=0,
                                        stream=True)
-    next(iter(stream))
-    live = {n: v for n, _, v in exposition()}
+    chunks = iter(stream)
+    next(chunks)
+    # Gauges are published once per engine step: the first token can reach
+    # the client before the step that allocated its blocks is published, so
+    # read a few times while the stream is still open (200 tokens).
+    for _ in range(20):
+        live = {n: v for n, _, v in exposition()}
+        if live["vllm:kv_cache_usage_perc"] > 0:
+            break
+        next(chunks)
     stream.close()
     assert live["vllm:num_requests_running"] == 1, live
     assert 0 < live["vllm:kv_cache_usage_perc"] <= 1, live
