@@ -77,14 +77,7 @@ impl SamplerConfig {
 /// Chooses the token at absolute `position` from `logits`, given the tokens
 /// before it (`history`, for the penalties).
 pub fn sample(cfg: &SamplerConfig, logits: &[f32], history: &[u32], position: usize) -> u32 {
-    let mut owned;
-    let logits = if cfg.has_penalties() {
-        owned = logits.to_vec();
-        apply_penalties(cfg, &mut owned, history);
-        &owned[..]
-    } else {
-        logits
-    };
+    let logits = &*penalised(cfg, logits, history);
     if cfg.is_greedy() {
         return argmax(logits);
     }
@@ -95,6 +88,38 @@ pub fn sample(cfg: &SamplerConfig, logits: &[f32], history: &[u32], position: us
     }
     let candidates = filter(cfg, logits);
     gumbel_argmax(candidates.into_iter(), inv_t, cfg.seed, position as u64)
+}
+
+/// `logits` after the repetition, presence and frequency penalties of
+/// `cfg` over the recent `history` (borrowed when there are none).
+fn penalised<'a>(
+    cfg: &SamplerConfig,
+    logits: &'a [f32],
+    history: &[u32],
+) -> std::borrow::Cow<'a, [f32]> {
+    if !cfg.has_penalties() {
+        return logits.into();
+    }
+    let mut owned = logits.to_vec();
+    apply_penalties(cfg, &mut owned, history);
+    owned.into()
+}
+
+/// The Gumbel variate of `id` at `keyed`, unless its scaled logit `x`
+/// plus any variate it could have stays below `floor`: skipped on the
+/// logit alone (against the largest variate there is) or on its uniform
+/// draw (below [`SMALL_U`] the variate is at most that of `SMALL_U`).
+/// The variate is non-decreasing in the draw, so only tokens whose score
+/// is strictly below `floor` are skipped.
+fn variate_reaching(keyed: u64, id: u32, x: f64, floor: f64) -> Option<f64> {
+    if x + gumbel_of(MAX_U) < floor {
+        return None;
+    }
+    let u = draw(keyed, id as u64);
+    if u <= SMALL_U && x + gumbel_of(SMALL_U) < floor {
+        return None;
+    }
+    Some(gumbel_of(u))
 }
 
 /// `argmax(logit/T + g)` over `candidates` (the lowest id wins a tie),
@@ -123,19 +148,13 @@ fn gumbel_argmax(
         return 0;
     };
     let bound = top_logit as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
-    let g_max = gumbel_of(MAX_U);
-    let g_small = gumbel_of(SMALL_U);
     let mut best = (f64::NEG_INFINITY, top_id);
     for (id, logit) in candidates {
         let x = logit as f64 * inv_t;
-        if x + g_max < bound {
+        let Some(g) = variate_reaching(keyed, id, x, bound) else {
             continue;
-        }
-        let u = draw(keyed, id as u64);
-        if u <= SMALL_U && x + g_small < bound {
-            continue;
-        }
-        let score = x + gumbel_of(u);
+        };
+        let score = x + g;
         if score > best.0 || (score == best.0 && id < best.1) {
             best = (score, id);
         }
@@ -173,14 +192,7 @@ pub fn coupled_choice(
     position: usize,
 ) -> Option<(Proposal, Option<Proposal>)> {
     debug_assert!(!cfg.is_greedy());
-    let mut owned;
-    let logits = if cfg.has_penalties() {
-        owned = logits.to_vec();
-        apply_penalties(cfg, &mut owned, history);
-        &owned[..]
-    } else {
-        logits
-    };
+    let logits = &*penalised(cfg, logits, history);
     let inv_t = 1.0 / cfg.temperature as f64;
     let candidates: Vec<(u32, f32)> = if cfg.filters_nothing() {
         logits
@@ -205,20 +217,13 @@ pub fn coupled_choice(
     if !floor.is_finite() {
         return None;
     }
-    let (g_max, g_small) = (gumbel_of(MAX_U), gumbel_of(SMALL_U));
     let mut scored = Vec::new();
     for &(id, logit) in &candidates {
         let x = logit as f64 * inv_t;
-        if x + g_max < floor {
-            continue;
-        }
-        let u = draw(keyed, id as u64);
-        if u <= SMALL_U && x + g_small < floor {
-            continue;
-        }
-        let s = x + gumbel_of(u);
-        if !s.is_nan() {
-            scored.push((s, id));
+        if let Some(g) = variate_reaching(keyed, id, x, floor) {
+            if !(x + g).is_nan() {
+                scored.push((x + g, id));
+            }
         }
     }
     let better = |a: (f64, u32), b: (f64, u32)| a.0 > b.0 || (a.0 == b.0 && a.1 < b.1);
