@@ -190,6 +190,10 @@ impl EngineLoop {
         m.requests_waiting.store(waiting as u64, Ordering::Relaxed);
         m.kv_used
             .store(self.kv.bytes_used() as u64, Ordering::Relaxed);
+        m.set_head(
+            self.model.screen_counts(),
+            spindle_model::spare_logits_bytes(),
+        );
         if let Some(t) = &self.config.drafts.traffic {
             m.set_traffic(&t.lock().unwrap_or_else(|e| e.into_inner()).stats());
         }

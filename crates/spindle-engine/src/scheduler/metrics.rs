@@ -84,6 +84,12 @@ pub struct Metrics {
     pub traffic_nodes: AtomicU64,
     pub traffic_outputs: AtomicU64,
     pub traffic_evicted: AtomicU64,
+    /// The output head's screen ([`spindle_model::ScreenCounts`]).
+    pub screen_paid: AtomicU64,
+    pub screen_missed: AtomicU64,
+    pub screen_rested: AtomicU64,
+    /// Bytes of logits buffers kept for the next pass.
+    pub spare_logits_bytes: AtomicU64,
     pub passes: AtomicU64,
     /// Sequences preempted for KV blocks (recomputed later).
     pub preemptions: AtomicU64,
@@ -159,6 +165,15 @@ impl Metrics {
         self.traffic_outputs
             .store(s.outputs as u64, Ordering::Relaxed);
         self.traffic_evicted.store(s.evicted, Ordering::Relaxed);
+    }
+
+    /// How the head's screen has fared, and the spare logits buffers.
+    pub(crate) fn set_head(&self, s: spindle_model::ScreenCounts, spare_bytes: usize) {
+        self.screen_paid.store(s.paid, Ordering::Relaxed);
+        self.screen_missed.store(s.missed, Ordering::Relaxed);
+        self.screen_rested.store(s.rested, Ordering::Relaxed);
+        self.spare_logits_bytes
+            .store(spare_bytes as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn observe(&self, h: &Mutex<Histogram>, seconds: f64) {
@@ -321,6 +336,24 @@ impl Metrics {
                 get(v)
             );
         }
+        let name = "spindle:head_screen_rows_total";
+        let _ = writeln!(out, "# HELP {name} Rows whose chosen token the output head's screen found (paid), rows it screened that still took the full head (missed), and rows that skipped it while it rested after misses (rested).\n# TYPE {name} counter");
+        for (outcome, v) in [
+            ("paid", &self.screen_paid),
+            ("missed", &self.screen_missed),
+            ("rested", &self.screen_rested),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name}{{model_name=\"{model}\",outcome=\"{outcome}\"}} {}",
+                get(v)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spindle:spare_logits_bytes Bytes of logits buffers kept for the next pass (bounded).\n# TYPE spindle:spare_logits_bytes gauge\nspindle:spare_logits_bytes{label} {}",
+            get(&self.spare_logits_bytes)
+        );
         let _ = writeln!(
             out,
             "# HELP spindle:spec_traffic_cache_evictions_total Outputs evicted from the traffic cache to stay within its bound.\n# TYPE spindle:spec_traffic_cache_evictions_total counter\nspindle:spec_traffic_cache_evictions_total{label} {}",

@@ -8,7 +8,7 @@
 //! still win; the engine's sampler does that search
 //! (`spindle_engine::sampler::choose_bounded`).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use spindle_kernels::head_screen::{HeadScreen, ScreenBounds};
@@ -44,6 +44,22 @@ pub(super) struct ScreenSlot {
     misses: AtomicU32,
     /// Rows left to run on the full head before the screen is tried again.
     resting: AtomicU32,
+    /// Rows the screen chose for, rows it screened in vain, and rows that
+    /// skipped it while it rested ([`Model::screen_counts`]).
+    paid: AtomicU64,
+    missed: AtomicU64,
+    rested: AtomicU64,
+}
+
+/// How the head's screen has fared since the model was loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScreenCounts {
+    /// Rows whose chosen token came from the screen.
+    pub paid: u64,
+    /// Rows screened that still took the full head.
+    pub missed: u64,
+    /// Rows that took the full head because the screen was resting.
+    pub rested: u64,
 }
 
 /// A screened row costs the screen plus the exact logits of its
@@ -124,6 +140,7 @@ impl Model {
         let resting = &self.screen.resting;
         if resting.load(Ordering::Relaxed) > 0 {
             resting.fetch_sub(1, Ordering::Relaxed);
+            self.screen.rested.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
         let x = self.gather_hidden(hidden, rows)?;
@@ -136,11 +153,23 @@ impl Model {
     /// for a while (see [`MISSES_TO_REST`]).
     pub fn record_screen(&self, paid: bool) {
         let s = &self.screen;
+        let n = if paid { &s.paid } else { &s.missed };
+        n.fetch_add(1, Ordering::Relaxed);
         if paid {
             s.misses.store(0, Ordering::Relaxed);
         } else if s.misses.fetch_add(1, Ordering::Relaxed) + 1 >= MISSES_TO_REST {
             s.misses.store(0, Ordering::Relaxed);
             s.resting.store(REST_ROWS, Ordering::Relaxed);
+        }
+    }
+
+    /// How the screen has fared so far (all zero without a screen).
+    pub fn screen_counts(&self) -> ScreenCounts {
+        let s = &self.screen;
+        ScreenCounts {
+            paid: s.paid.load(Ordering::Relaxed),
+            missed: s.missed.load(Ordering::Relaxed),
+            rested: s.rested.load(Ordering::Relaxed),
         }
     }
 

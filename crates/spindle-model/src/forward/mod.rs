@@ -4,6 +4,10 @@ mod attention;
 mod experts;
 mod head;
 mod row_ops;
+mod spare_logits;
+pub use spare_logits::{
+    spare_bytes as spare_logits_bytes, MAX_SPARE_BYTES as MAX_SPARE_LOGITS_BYTES,
+};
 
 use std::ops::Range;
 
@@ -22,7 +26,7 @@ use crate::parallel::{for_each_task, DisjointChunks};
 use crate::profile::{OpClock, OpTimes};
 use crate::weights::{FeedForward, Matrix, Weights};
 
-pub use head::CALIBRATION_TEXT;
+pub use head::{ScreenCounts, CALIBRATION_TEXT};
 
 /// A model ready to run: configuration, weights, rope tables, threads.
 pub struct Model {
@@ -75,6 +79,12 @@ impl Logits {
     pub fn row(&self, row: usize) -> Option<&[f32]> {
         let i = self.rows.iter().position(|&r| r == row)?;
         Some(&self.data[i * self.vocab..(i + 1) * self.vocab])
+    }
+}
+
+impl Drop for Logits {
+    fn drop(&mut self) {
+        spare_logits::give_back(std::mem::take(&mut self.data));
     }
 }
 
@@ -532,7 +542,7 @@ impl Model {
             )))?;
             hn[j * e..(j + 1) * e].copy_from_slice(x);
         }
-        let mut data = vec![0.0f32; rows.len() * cfg.vocab_size];
+        let mut data = spare_logits::take(rows.len() * cfg.vocab_size);
         if !rows.is_empty() {
             self.matmul(&self.weights.output, hn, rows.len(), &mut data)?;
         }
