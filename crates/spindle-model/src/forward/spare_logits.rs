@@ -10,9 +10,11 @@
 
 use std::sync::Mutex;
 
-/// Most bytes the spare buffers hold together: 16 rows of a 262k
-/// vocabulary, more than a batch's walks take in one pass.
-pub const MAX_SPARE_BYTES: usize = 64 << 20;
+/// Most bytes the spare buffers hold together: 32 rows of a 262k
+/// vocabulary, what a batch of four sequences' walks take in one pass
+/// (bench/soak held 51 MiB of spares under a 64 MiB bound, all of it on
+/// top of the steady RSS; 32 keeps the common passes without that).
+pub const MAX_SPARE_BYTES: usize = 32 << 20;
 /// Most buffers kept.
 const MAX_SPARE: usize = 8;
 
