@@ -18,8 +18,6 @@ pub use arch::Family;
 pub use batch::{Batch, Row, SeqId};
 pub use config::ModelConfig;
 pub use error::ModelError;
-pub use forward::{
-    spare_logits_bytes, Hidden, Logits, Model, ScreenCounts, MAX_SPARE_LOGITS_BYTES,
-};
+pub use forward::{spare_logits_bytes, Hidden, Logits, Model, ScreenCounts};
 pub use kv_cache::{BlockUsage, KvCache, KvLayout, KvType, BLOCK};
 pub use loader::{check_weights, load, load_tokenizer, LoadedModel, WeightsCheck};

@@ -5,9 +5,6 @@ mod experts;
 mod head;
 mod row_ops;
 mod spare_logits;
-pub use spare_logits::{
-    spare_bytes as spare_logits_bytes, MAX_SPARE_BYTES as MAX_SPARE_LOGITS_BYTES,
-};
 
 use std::ops::Range;
 
@@ -27,6 +24,7 @@ use crate::profile::{OpClock, OpTimes};
 use crate::weights::{FeedForward, Matrix, Weights};
 
 pub use head::{ScreenCounts, CALIBRATION_TEXT};
+pub use spare_logits::spare_bytes as spare_logits_bytes;
 
 /// A model ready to run: configuration, weights, rope tables, threads.
 pub struct Model {

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 /// vocabulary, what a batch of four sequences' walks take in one pass
 /// (bench/soak held 51 MiB of spares under a 64 MiB bound, all of it on
 /// top of the steady RSS; 32 keeps the common passes without that).
-pub const MAX_SPARE_BYTES: usize = 32 << 20;
+const MAX_SPARE_BYTES: usize = 32 << 20;
 /// Most buffers kept.
 const MAX_SPARE: usize = 8;
 
@@ -45,8 +45,9 @@ pub(super) fn take(len: usize) -> Vec<f32> {
 }
 
 /// Keeps `v` for a later [`take`] if the pool has room for it, freeing
-/// smaller spares to make room; a buffer larger than the whole bound, or
-/// one no smaller than every spare of a full pool, is freed.
+/// smaller spares to make room. A buffer larger than the whole bound is
+/// freed, and so is one that only fits by displacing spares at least as
+/// large as itself.
 pub(super) fn give_back(mut v: Vec<f32>) {
     if v.capacity() == 0 || bytes(&v) > MAX_SPARE_BYTES {
         return;
