@@ -1,5 +1,5 @@
-/* Forced into every llama.cpp source by bench/vs-llamacpp on AMX machines
- * (-include). gcc 12's `_tile_loadconfig` tells the compiler it reads 8
+/* Forced into every llama.cpp source by bench/vs-llamacpp (-include), on
+ * every machine (where llama.cpp compiles no AMX code, nothing uses it). gcc 12's `_tile_loadconfig` tells the compiler it reads 8
  * bytes, so the stores filling the 64-byte tile configuration are dropped and
  * the first tile instruction faults (shared ANCHORS.md). This declares the
  * whole 64-byte read instead. */
