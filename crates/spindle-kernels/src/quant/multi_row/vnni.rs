@@ -348,7 +348,36 @@ unsafe fn run_tile<T: MultiRow, const R: usize, const P: usize>(
             *ptr = pairs.add((i / 2 + p.min((cw - 1) / 2)) * ng);
         }
         let facc = tile::<T, R, P>(w, wstride, &a, ng, last);
-        // 8 lane sets at a time through `tree8_x8`.
+        if R == MR {
+            // A full tile: pair `p`'s 8 lane sets (weight row `r`, first and
+            // second activation row) through one `tree8_x8`, whose low 4
+            // lanes are then the first row's outputs of the tile's 4
+            // consecutive weight rows and the high 4 the second row's: two
+            // 4-float stores.
+            for (p, _) in a.iter().enumerate() {
+                let c = 2 * p;
+                if c >= cw {
+                    break;
+                }
+                let mut v = [_mm256_setzero_ps(); 8];
+                for (r, row) in facc.iter().enumerate() {
+                    let f = row[p];
+                    v[2 * r] = _mm512_castps512_ps256(f);
+                    v[2 * r + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1));
+                }
+                let t = tree8_x8(&v);
+                store4(job, (i + c) * job.rows + t0, _mm256_castps256_ps128(t));
+                if c + 1 < cw {
+                    store4(
+                        job,
+                        (i + c + 1) * job.rows + t0,
+                        _mm256_extractf128_ps(t, 1),
+                    );
+                }
+            }
+            return;
+        }
+        // A short tile: 8 lane sets at a time through `tree8_x8`.
         let mut v = [_mm256_setzero_ps(); 8];
         let mut who = [(0usize, 0usize); 8];
         let mut n = 0;
@@ -376,6 +405,21 @@ unsafe fn run_tile<T: MultiRow, const R: usize, const P: usize>(
         }
     }
 }
+/// Writes the 4 outputs `out[o..o + 4]`.
+///
+/// # Safety
+/// AVX available; the caller owns those output elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn store4(job: &QuantJob<'_>, o: usize, v: __m128) {
+    unsafe {
+        // SAFETY (of the slice): the caller owns these outputs; the slice
+        // is checked against the buffer's bounds and dropped at once.
+        let dst = job.out.slice(o, 4);
+        _mm_storeu_ps(dst.as_mut_ptr(), v);
+    }
+}
+
 /// Reduces the first `n` lane sets of `v` (for (weight row, activation row)
 /// `who[j]` of the tile) and writes them.
 ///
