@@ -70,10 +70,13 @@ fn a_long_prompt_split_into_passes_gives_the_bits_of_one_pass() {
         for ty in kv_types(&m) {
             let ids = tokens(LEN, 1);
             let (_, one) = prefill(&m, &mut cache(&m, ty), &ids, &[LEN]);
-            // Pass edges on and beside chunk edges, and a one-row pass.
+            // Pass edges on and beside chunk edges, a one-row pass, and a
+            // last pass of one tile (with one KV head, too few tiles for
+            // the threads: its chunks are split out as a decode's are).
             for passes in [
                 vec![CHUNK, CHUNK, LEN - 2 * CHUNK],
                 vec![100, CHUNK + 1, 1, LEN - CHUNK - 102],
+                vec![LEN - 20, 20],
             ] {
                 let (_, split) = prefill(&m, &mut cache(&m, ty), &ids, &passes);
                 for (pos, (a, b)) in one.iter().zip(&split).enumerate() {

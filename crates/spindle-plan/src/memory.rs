@@ -54,6 +54,9 @@ const TILE_ROWS: u64 = 4;
 const ATTENTION_CHUNK: u64 = 256;
 /// Rows per attention tile (spindle-model forward/attention.rs `TILE_ROWS`).
 const ATTENTION_TILE_ROWS: u64 = 32;
+/// forward/attention.rs SPLIT_PARTIALS_BYTES: the most a pass of too few
+/// tiles for the threads spends on chunk partials.
+const ATTENTION_SPLIT_PARTIALS: u64 = 8 << 20;
 /// Keys the wide attention kernels widen at a time (spindle-kernels
 /// attention/wide.rs `KEYS`), and the query vectors of their register tile.
 const ATTENTION_WIDE_KEYS: u64 = 64;
@@ -184,16 +187,18 @@ pub fn activation_terms(
     // forward/attention.rs reads K/V in place. A pass of few rows (fewer
     // than 4 x threads / KV heads) splits each row's keys into chunks that
     // run as separate tasks, each writing its partial (per query head: the
-    // weighted values, max and sum) to a buffer that is folded afterwards.
+    // weighted values, max and sum) to a buffer that is folded afterwards;
+    // so does a pass of too few tiles (of ATTENTION_TILE_ROWS chained rows)
+    // for the threads, up to ATTENTION_SPLIT_PARTIALS bytes.
     let chunks = keys.div_ceil(ATTENTION_CHUNK) + 1;
     let partials = |rows: u64| {
-        if rows.saturating_mul(shape.n_kv_heads.max(1)) < 4 * threads {
-            mul(&[F32, rows, shape.n_heads, shape.head_dim + 2, chunks]).saturating_add(mul(&[
-                64,
-                rows,
-                shape.n_kv_heads.max(1),
-                chunks,
-            ]))
+        let n_kv = shape.n_kv_heads.max(1);
+        let split = mul(&[F32, rows, shape.n_heads, shape.head_dim + 2, chunks])
+            .saturating_add(mul(&[64, rows, n_kv, chunks]));
+        if rows.saturating_mul(n_kv) < 4 * threads {
+            split
+        } else if rows.div_ceil(ATTENTION_TILE_ROWS).saturating_mul(n_kv) < threads {
+            split.min(ATTENTION_SPLIT_PARTIALS)
         } else {
             0
         }

@@ -65,7 +65,10 @@ impl EngineLoop {
             }
         };
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
+        let first_head = logits.head_calls();
+        let mut tokens = 0;
         for p in parts {
+            let generated = self.running[p.running].generated;
             // NaN or infinity (corrupt weights, say) would choose tokens at
             // random: the request ends with the reason instead.
             if p.rows
@@ -79,12 +82,18 @@ impl EngineLoop {
             if let Err(e) = self.finish_part(&p, &mut logits) {
                 self.fail(p.running, RequestError::internal(e.to_string()));
             }
+            tokens += self.running[p.running].generated - generated;
         }
         let seconds = t.elapsed().as_secs_f64();
         self.cost.record(batch.len(), seconds);
+        let head = logits.head_calls();
         tracing::debug!(
             rows = batch.len(),
             sequences = self.running.len(),
+            tokens,
+            head_rows_first = first_head.1,
+            head_calls_later = head.0 - first_head.0,
+            head_rows_later = head.1 - first_head.1,
             ms = seconds * 1e3,
             "pass"
         );

@@ -198,6 +198,13 @@ impl LazyLogits {
         Ok(())
     }
 
+    /// Calls of the full head so far and the rows they covered (for the
+    /// pass log).
+    pub fn head_calls(&self) -> (usize, usize) {
+        let rows = self.computed.iter().map(|l| l.rows.len()).sum();
+        (self.computed.len(), rows)
+    }
+
     /// Logits of batch row `row` if they are computed.
     pub fn get(&self, row: usize) -> Option<&[f32]> {
         self.computed[self.find(row)?].row(row)

@@ -21,6 +21,10 @@ use crate::kv_cache::KvBuf;
 /// for all of them (a prompt's rows share nearly every key).
 const TILE_ROWS: usize = 32;
 
+/// Most bytes of chunk partials a pass of many rows but too few tiles for
+/// the threads may take to split its tiles by chunk (see `attention_in`).
+pub(crate) const SPLIT_PARTIALS_BYTES: usize = 8 << 20;
+
 /// A run of batch rows, each following the row before (one sequence).
 struct Tile {
     rows: Range<usize>,
@@ -129,7 +133,16 @@ impl Model {
         // Many rows (prompts, trees, batches): a task is a tile and a head
         // slice, folding its chunks as it goes, so partials need no buffer.
         // (The planner counts the split's partials with the same rule.)
-        let split_chunks = batch.len() * n_kv < 4 * threads;
+        // Also when the tiles are too few to give every thread a task (one
+        // sequence's chain or tree: a single tile would leave the other
+        // threads idle), as long as the chunks' partials stay small.
+        let partial_bytes = batch.len()
+            * cfg.n_head
+            * (hd + 2)
+            * tiles.iter().map(|t| t.chunks().len()).max().unwrap_or(0)
+            * std::mem::size_of::<f32>();
+        let split_chunks = batch.len() * n_kv < 4 * threads
+            || (tiles.len() * n_kv < threads && partial_bytes <= SPLIT_PARTIALS_BYTES);
         let items: usize = tiles.iter().map(|t| t.chunks().len()).sum::<usize>() * n_kv;
         let parts = if split_chunks && items < 2 * threads {
             (2 * threads).div_ceil(items.max(1)).clamp(1, group_size)
