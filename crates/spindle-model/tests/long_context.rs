@@ -210,3 +210,55 @@ fn tree_rows_after_a_long_context_equal_their_paths_alone() {
         );
     }
 }
+
+#[test]
+fn trees_of_two_sequences_after_long_contexts_equal_their_paths_alone() {
+    // Two sequences, each with a tree of two branches: enough rows and
+    // tasks that every task folds its own chunks, and each tree's chunks
+    // before its context's end are computed once for both branches.
+    for arch in ARCHS_LONG {
+        let (_, path) = sources(arch)[1].clone();
+        let m = load(&path, 2);
+        let contexts = [tokens(2 * CHUNK - 2, 5), tokens(CHUNK + 40, 6)];
+        let alone = |ids: &[u32], path: &[u32]| -> Vec<f32> {
+            let mut kv = cache(&m, m.model.default_kv_type());
+            let (seq, _) = prefill(&m, &mut kv, ids, &[ids.len()]);
+            let mut b = Batch::new();
+            b.push_chain(seq, ids.len(), path, |i| i + 1 == path.len());
+            let out = m.model.forward(&b, &mut kv).unwrap();
+            out.row(path.len() - 1).unwrap().to_vec()
+        };
+        let mut kv = cache(&m, m.model.default_kv_type());
+        let seqs: Vec<_> = contexts
+            .iter()
+            .map(|ids| prefill(&m, &mut kv, ids, &[ids.len()]).0)
+            .collect();
+        let mut b = Batch::new();
+        let mut checks = Vec::new();
+        for (ids, &seq) in contexts.iter().zip(&seqs) {
+            let ctx = ids.len();
+            // a b c d e, and a f g h beside it.
+            let chain = b.push_chain(seq, ctx, &[20, 21, 22, 23, 24], |_| true);
+            let mut parent = chain.start;
+            for (k, token) in [25u32, 26, 27].into_iter().enumerate() {
+                parent = b.push(Row {
+                    token,
+                    pos: ctx + 1 + k,
+                    seq,
+                    parent: Some(parent),
+                    logits: true,
+                });
+            }
+            checks.push((ids, chain.end - 1, vec![20, 21, 22, 23, 24]));
+            checks.push((ids, parent, vec![20, 25, 26, 27]));
+        }
+        let out = m.model.forward(&b, &mut kv).unwrap();
+        for (ids, row, path) in checks {
+            assert!(
+                out.row(row).unwrap() == alone(ids, &path).as_slice(),
+                "{arch}: the row of path {path:?} after {} tokens differs from the path alone",
+                ids.len()
+            );
+        }
+    }
+}

@@ -52,7 +52,7 @@ impl EngineLoop {
             return;
         }
         let t = Instant::now();
-        let mut logits = match self.pass(&batch, &parts) {
+        let (mut logits, (body_ms, head_ms)) = match self.pass(&batch, &parts) {
             Ok(l) => l,
             Err(e) => {
                 // Nothing of the pass is committed; its requests end with
@@ -94,6 +94,8 @@ impl EngineLoop {
             head_rows_first = first_head.1,
             head_calls_later = head.0 - first_head.0,
             head_rows_later = head.1 - first_head.1,
+            body_ms,
+            head_ms,
             ms = seconds * 1e3,
             "pass"
         );
@@ -188,7 +190,13 @@ impl EngineLoop {
 
     /// The pass itself, and the head over the rows the walks will read
     /// first: every prompt's last row and each tree's likeliest path.
-    fn pass(&mut self, batch: &Batch, parts: &[Part]) -> Result<LazyLogits, EngineError> {
+    /// With the milliseconds of the layers and of the head's first call.
+    fn pass(
+        &mut self,
+        batch: &Batch,
+        parts: &[Part],
+    ) -> Result<(LazyLogits, (f64, f64)), EngineError> {
+        let t = Instant::now();
         // The masks of the tokens this pass will choose are computed beside it.
         let choosing: Vec<(usize, Vec<u32>)> = parts
             .iter()
@@ -202,6 +210,7 @@ impl EngineLoop {
         let hidden = prepare_during(self.model.n_threads(), constraints, || {
             self.model.forward_hidden(batch, &mut self.kv)
         })?;
+        let body_ms = t.elapsed().as_secs_f64() * 1e3;
         let mut logits = LazyLogits::new(hidden);
         // Rows whose walk needs only the chosen token read the head's
         // screen; the others (log-probabilities, penalties, cut sampling,
@@ -232,7 +241,8 @@ impl EngineLoop {
             }
         }
         logits.compute(&self.model, &first)?;
-        Ok(logits)
+        let head_ms = t.elapsed().as_secs_f64() * 1e3 - body_ms;
+        Ok((logits, (body_ms, head_ms)))
     }
 
     /// Commits what a sequence keeps of the pass and emits its tokens.

@@ -122,7 +122,7 @@ impl Model {
             None
         };
         let first_visible = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let tiles = tiles(batch, plans, first_visible);
+        let units = units(tiles(batch, plans, first_visible));
 
         let n_kv = cfg.n_head_kv.max(1);
         let group_size = cfg.n_head / n_kv;
@@ -139,11 +139,11 @@ impl Model {
         let partial_bytes = batch.len()
             * cfg.n_head
             * (hd + 2)
-            * tiles.iter().map(|t| t.chunks().len()).max().unwrap_or(0)
+            * units.iter().map(Unit::n_chunks).max().unwrap_or(0)
             * std::mem::size_of::<f32>();
         let split_chunks = batch.len() * n_kv < 4 * threads
-            || (tiles.len() * n_kv < threads && partial_bytes <= SPLIT_PARTIALS_BYTES);
-        let items: usize = tiles.iter().map(|t| t.chunks().len()).sum::<usize>() * n_kv;
+            || (units.len() * n_kv < threads && partial_bytes <= SPLIT_PARTIALS_BYTES);
+        let items: usize = units.iter().map(Unit::n_chunks).sum::<usize>() * n_kv;
         let parts = if split_chunks && items < 2 * threads {
             (2 * threads).div_ceil(items.max(1)).clamp(1, group_size)
         } else {
@@ -230,11 +230,10 @@ impl Model {
         };
         let out_heads = DisjointChunks::new(out, hd);
         let sinks = self.weights.layers[layer].attn_sinks.as_deref();
-        let write_out = |tile: &Tile, (head0, group): &(usize, HeadGroup), states: &mut [f32]| {
+        let write_out = |unit: &Unit, (head0, group): &(usize, HeadGroup), states: &mut [f32]| {
             let mut dst = vec![0.0f32; group.heads * hd];
-            for (i, state) in tile
-                .rows
-                .clone()
+            for (i, state) in unit
+                .rows()
                 .zip(states.chunks_exact_mut(group.partial_len()))
             {
                 if let Some(sinks) = sinks {
@@ -247,9 +246,9 @@ impl Model {
                 }
             }
         };
-        let new_states = |tile: &Tile, group: &HeadGroup| {
+        let new_states = |unit: &Unit, group: &HeadGroup| {
             let plen = group.partial_len();
-            let mut states = vec![0.0f32; tile.rows.len() * plen];
+            let mut states = vec![0.0f32; unit.rows().len() * plen];
             states
                 .chunks_exact_mut(plen)
                 .for_each(|s| empty_partial(group, s));
@@ -262,35 +261,43 @@ impl Model {
             }
         };
 
+        // The rows of `states` (a unit's) that `tile` holds.
+        let states_of = |unit: &Unit, tile: &Tile, plen: usize| {
+            let from = tile.rows.start - unit.rows().start;
+            from * plen..(from + tile.rows.len()) * plen
+        };
         if !split_chunks {
-            for_each_task(&self.pool, tiles.len() * slices.len(), |t| {
-                let (tile, slice) = (&tiles[t / slices.len()], &slices[t % slices.len()]);
-                let mut states = new_states(tile, &slice.1);
+            for_each_task(&self.pool, units.len() * slices.len(), |t| {
+                let (unit, slice) = (&units[t / slices.len()], &slices[t % slices.len()]);
+                let plen = slice.1.partial_len();
+                let mut states = new_states(unit, &slice.1);
                 let mut part = vec![0.0f32; states.len()];
                 let mut scratch = ChunkScratch::default();
-                for c in tile.chunks() {
-                    partials(tile, slice, c, &mut scratch, &mut part);
-                    fold_all(&slice.1, &mut states, &part);
+                for (tile, c) in unit.steps() {
+                    let at = states_of(unit, tile, plen);
+                    let part = &mut part[..at.len()];
+                    partials(tile, slice, c, &mut scratch, part);
+                    fold_all(&slice.1, &mut states[at], part);
                 }
-                write_out(tile, slice, &mut states);
+                write_out(unit, slice, &mut states);
             });
             return;
         }
 
-        // Every (tile, slice, chunk) item computes into its own place, then
-        // each (tile, slice) folds its chunks in position order. Items of
-        // one (tile, slice) are consecutive, from `first_item[t]`.
-        let mut items: Vec<(usize, usize, usize)> = Vec::new();
-        let mut first_item = Vec::with_capacity(tiles.len() * slices.len() + 1);
-        for (ti, tile) in tiles.iter().enumerate() {
+        // Every (unit, slice, step) item computes into its own place, then
+        // each (unit, slice) folds its steps in position order. Items of
+        // one (unit, slice) are consecutive, from `first_item[t]`.
+        let mut items: Vec<(usize, usize, &Tile, usize)> = Vec::new();
+        let mut first_item = Vec::with_capacity(units.len() * slices.len() + 1);
+        for (ui, unit) in units.iter().enumerate() {
             for si in 0..slices.len() {
                 first_item.push(items.len());
-                items.extend(tile.chunks().map(|c| (ti, si, c)));
+                items.extend(unit.steps().map(|(tile, c)| (ui, si, tile, c)));
             }
         }
         first_item.push(items.len());
-        let len_of = |&(ti, si, _): &(usize, usize, usize)| {
-            slices[si].1.partial_len() * tiles[ti].rows.len()
+        let len_of = |&(_, si, tile, _): &(usize, usize, &Tile, usize)| {
+            slices[si].1.partial_len() * tile.rows.len()
         };
         let mut buf = vec![0.0f32; items.iter().map(len_of).sum()];
         let mut places = Vec::with_capacity(items.len());
@@ -301,26 +308,106 @@ impl Model {
             rest = tail;
         }
         for_each_task(&self.pool, items.len(), |t| {
-            let (ti, si, c) = items[t];
+            let (_, si, tile, c) = items[t];
             let mut dst = places[t].lock().unwrap_or_else(|p| p.into_inner());
-            partials(
-                &tiles[ti],
-                &slices[si],
-                c,
-                &mut ChunkScratch::default(),
-                &mut dst,
-            );
+            partials(tile, &slices[si], c, &mut ChunkScratch::default(), &mut dst);
         });
-        for_each_task(&self.pool, tiles.len() * slices.len(), |t| {
-            let (tile, slice) = (&tiles[t / slices.len()], &slices[t % slices.len()]);
-            let mut states = new_states(tile, &slice.1);
-            for place in &places[first_item[t]..first_item[t + 1]] {
+        for_each_task(&self.pool, units.len() * slices.len(), |t| {
+            let (unit, slice) = (&units[t / slices.len()], &slices[t % slices.len()]);
+            let plen = slice.1.partial_len();
+            let mut states = new_states(unit, &slice.1);
+            for (place, item) in places[first_item[t]..first_item[t + 1]]
+                .iter()
+                .zip(&items[first_item[t]..first_item[t + 1]])
+            {
                 let part = place.lock().unwrap_or_else(|p| p.into_inner());
-                fold_all(&slice.1, &mut states, &part);
+                fold_all(&slice.1, &mut states[states_of(unit, item.2, plen)], &part);
             }
-            write_out(tile, slice, &mut states);
+            write_out(unit, slice, &mut states);
         });
     }
+}
+
+/// The tiles of one task: one tile, or a sequence's consecutive tiles (the
+/// branches of its tree) with the chunks they all see before their rows
+/// (every key committed) computed once for all their rows as a `shared`
+/// tile; each branch then computes only the chunks from its first own row.
+/// Every row still folds each of its chunks once, in position order, and a
+/// chunk's partial of a row is the same whichever tile computes it.
+struct Unit {
+    shared: Option<Tile>,
+    tiles: Vec<Tile>,
+}
+
+impl Unit {
+    /// Batch rows of the unit (its tiles are consecutive).
+    fn rows(&self) -> Range<usize> {
+        let first = self.tiles.first().map_or(0, |t| t.rows.start);
+        first..self.tiles.last().map_or(first, |t| t.rows.end)
+    }
+
+    /// Every (tile, chunk) to compute, in the order a row folds them.
+    fn steps(&self) -> impl Iterator<Item = (&Tile, usize)> {
+        let shared = self
+            .shared
+            .iter()
+            .flat_map(|t| t.chunks().map(move |c| (t, c)));
+        shared.chain(
+            self.tiles
+                .iter()
+                .flat_map(|t| t.chunks().map(move |c| (t, c))),
+        )
+    }
+
+    fn n_chunks(&self) -> usize {
+        self.steps().count()
+    }
+}
+
+/// Groups consecutive tiles of one sequence and one committed context (a
+/// tree's branches, up to [`TILE_ROWS`] rows) into units; the chunks every
+/// branch sees whole before the context's end move to the unit's shared tile.
+fn units(tiles: Vec<Tile>) -> Vec<Unit> {
+    let mut units: Vec<Unit> = Vec::new();
+    for tile in tiles {
+        if let Some(u) = units.last_mut() {
+            let t0 = &u.tiles[0];
+            if t0.seq == tile.seq
+                && t0.ctx_len == tile.ctx_len
+                && u.rows().end == tile.rows.start
+                && u.rows().len() + tile.rows.len() <= TILE_ROWS
+            {
+                u.tiles.push(tile);
+                continue;
+            }
+        }
+        units.push(Unit {
+            shared: None,
+            tiles: vec![tile],
+        });
+    }
+    for u in &mut units {
+        if u.tiles.len() < 2 {
+            continue;
+        }
+        // Chunks wholly before the context's end.
+        let own_from = (u.tiles[0].ctx_len / CHUNK) * CHUNK;
+        let start = u.tiles.iter().map(|t| t.seen.start).min().unwrap_or(0);
+        if start >= own_from {
+            continue;
+        }
+        u.shared = Some(Tile {
+            rows: u.rows(),
+            seq: u.tiles[0].seq,
+            ctx_len: u.tiles[0].ctx_len,
+            chain: Vec::new(),
+            seen: start..own_from,
+        });
+        for t in &mut u.tiles {
+            t.seen.start = t.seen.start.max(own_from);
+        }
+    }
+    units
 }
 
 /// The batch's rows as tiles: a row joins the tile of the row before when it
