@@ -83,8 +83,7 @@ pub fn sample(cfg: &SamplerConfig, logits: &[f32], history: &[u32], position: us
     }
     let inv_t = 1.0 / cfg.temperature as f64;
     if cfg.filters_nothing() {
-        let all = logits.iter().enumerate().map(|(i, &l)| (i as u32, l));
-        return gumbel_argmax(all, inv_t, cfg.seed, position as u64);
+        return gumbel_argmax_dense(logits, inv_t, cfg.seed, position as u64);
     }
     let candidates = filter(cfg, logits);
     gumbel_argmax(candidates.into_iter(), inv_t, cfg.seed, position as u64)
@@ -150,6 +149,32 @@ fn gumbel_argmax(
     let bound = top_logit as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
     let mut best = (f64::NEG_INFINITY, top_id);
     for (id, logit) in candidates {
+        let x = logit as f64 * inv_t;
+        let Some(g) = variate_reaching(keyed, id, x, bound) else {
+            continue;
+        };
+        let score = x + g;
+        if score > best.0 || (score == best.0 && id < best.1) {
+            best = (score, id);
+        }
+    }
+    best.1
+}
+
+/// [`gumbel_argmax`] over every token of `logits`, the same token bit for
+/// bit, with the most likely token found by [`argmax`]'s 16-lane scan
+/// rather than a reduce over (id, logit) pairs.
+fn gumbel_argmax_dense(logits: &[f32], inv_t: f64, seed: u64, position: u64) -> u32 {
+    if logits.is_empty() {
+        return 0;
+    }
+    let keyed = key(seed, position);
+    // The first largest logit, as `gumbel_argmax`'s reduce finds it.
+    let top_id = argmax(logits);
+    let bound = logits[top_id as usize] as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
+    let mut best = (f64::NEG_INFINITY, top_id);
+    for (id, &logit) in logits.iter().enumerate() {
+        let id = id as u32;
         let x = logit as f64 * inv_t;
         let Some(g) = variate_reaching(keyed, id, x, bound) else {
             continue;
@@ -338,13 +363,36 @@ pub fn choose_bounded<E>(
 
 /// The most likely token; the lowest id wins a tie.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
+    // The token a left-to-right scan keeping the first strictly larger
+    // value finds (a NaN never wins, a NaN first is never replaced), from
+    // a 16-lane maximum and a search for its first occurrence: the scan
+    // itself runs one comparison at a time over the whole vocabulary.
+    let Some(&first) = logits.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l = if v > *l { v } else { *l };
         }
     }
-    best as u32
+    let mut max = f32::NEG_INFINITY;
+    for &v in lanes.iter().chain(chunks.remainder()) {
+        if v > max {
+            max = v;
+        }
+    }
+    for (c, chunk) in logits.chunks(16).enumerate() {
+        if chunk.iter().fold(false, |any, &v| any | (v == max)) {
+            let j = chunk.iter().position(|&v| v == max).unwrap_or(0);
+            return (16 * c + j) as u32;
+        }
+    }
+    0
 }
 
 fn apply_penalties(cfg: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
@@ -523,6 +571,60 @@ mod tests {
         // The bound on the variates below SMALL_U holds.
         assert!(gumbel_of(SMALL_U) < 5.0 + 1e-9 && gumbel_of(SMALL_U) > 5.0 - 1e-9);
         assert!(gumbel_of(MAX_U) > 36.0);
+    }
+
+    /// The left-to-right scan [`argmax`] must agree with.
+    fn scan_argmax(logits: &[f32]) -> u32 {
+        let mut best = 0usize;
+        for (i, &v) in logits.iter().enumerate() {
+            if v > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_and_dense_gumbel_max_choose_what_the_plain_loops_choose() {
+        let mut x = 0x51_7cc1_b727_220au64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for trial in 0..300u64 {
+            // Lengths around the 16-lane chunks, flat to peaked logits,
+            // ties, signed zeros, NaN and minus infinity.
+            let n = [1usize, 15, 16, 17, 100, 4099][trial as usize % 6];
+            let spread = [0.5f32, 8.0, 30.0][(trial / 6) as usize % 3];
+            let mut l: Vec<f32> = (0..n).map(|_| next() * spread - spread / 2.0).collect();
+            match trial % 5 {
+                0 => {
+                    let top = l.iter().copied().fold(f32::MIN, f32::max);
+                    l[n / 2] = top;
+                    l[n - 1] = top;
+                }
+                1 => {
+                    l.iter_mut().step_by(3).for_each(|v| *v = f32::NEG_INFINITY);
+                    l[n / 2] = f32::NAN;
+                }
+                2 => l
+                    .iter_mut()
+                    .for_each(|v| *v = if *v < 0.0 { -0.0 } else { 0.0 }),
+                3 if n > 1 => l[0] = f32::NAN,
+                _ => {}
+            }
+            assert_eq!(argmax(&l), scan_argmax(&l), "trial {trial}: argmax, n {n}");
+            let inv_t = 1.0 / [0.1f64, 0.8, 1.5, 5.0][(trial / 18) as usize % 4];
+            let (seed, pos) = (trial * 131 + 9, trial * 3);
+            let all = l.iter().enumerate().map(|(i, &v)| (i as u32, v));
+            assert_eq!(
+                gumbel_argmax_dense(&l, inv_t, seed, pos),
+                gumbel_argmax(all, inv_t, seed, pos),
+                "trial {trial}: gumbel, n {n} spread {spread} 1/T {inv_t}"
+            );
+        }
     }
 
     #[test]
