@@ -139,42 +139,42 @@ fn gumbel_argmax(
     seed: u64,
     position: u64,
 ) -> u32 {
-    let keyed = key(seed, position);
-    let Some((top_id, top_logit)) = candidates
+    let Some(top) = candidates
         .clone()
         .reduce(|a, b| if b.1 > a.1 { b } else { a })
     else {
         return 0;
     };
-    let bound = top_logit as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
-    let mut best = (f64::NEG_INFINITY, top_id);
-    for (id, logit) in candidates {
-        let x = logit as f64 * inv_t;
-        let Some(g) = variate_reaching(keyed, id, x, bound) else {
-            continue;
-        };
-        let score = x + g;
-        if score > best.0 || (score == best.0 && id < best.1) {
-            best = (score, id);
-        }
-    }
-    best.1
+    gumbel_argmax_from(candidates, top, inv_t, seed, position)
 }
 
 /// [`gumbel_argmax`] over every token of `logits`, the same token bit for
 /// bit, with the most likely token found by [`argmax`]'s 16-lane scan
-/// rather than a reduce over (id, logit) pairs.
+/// (the first largest logit, as the reduce finds it) rather than a reduce
+/// over (id, logit) pairs.
 fn gumbel_argmax_dense(logits: &[f32], inv_t: f64, seed: u64, position: u64) -> u32 {
     if logits.is_empty() {
         return 0;
     }
-    let keyed = key(seed, position);
-    // The first largest logit, as `gumbel_argmax`'s reduce finds it.
     let top_id = argmax(logits);
-    let bound = logits[top_id as usize] as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
+    let all = logits.iter().enumerate().map(|(i, &l)| (i as u32, l));
+    let top = (top_id, logits[top_id as usize]);
+    gumbel_argmax_from(all, top, inv_t, seed, position)
+}
+
+/// The pruned loop of [`gumbel_argmax`], from its most likely candidate
+/// `(top_id, top_logit)`.
+fn gumbel_argmax_from(
+    candidates: impl Iterator<Item = (u32, f32)>,
+    (top_id, top_logit): (u32, f32),
+    inv_t: f64,
+    seed: u64,
+    position: u64,
+) -> u32 {
+    let keyed = key(seed, position);
+    let bound = top_logit as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
     let mut best = (f64::NEG_INFINITY, top_id);
-    for (id, &logit) in logits.iter().enumerate() {
-        let id = id as u32;
+    for (id, logit) in candidates {
         let x = logit as f64 * inv_t;
         let Some(g) = variate_reaching(keyed, id, x, bound) else {
             continue;
