@@ -541,13 +541,7 @@ mod tests {
 
     #[test]
     fn pruned_gumbel_max_chooses_what_the_full_loop_chooses() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut next = uniform_floats(0x2545_f491_4f6c_dd1du64);
         for trial in 0..400u64 {
             // Flat, peaked and tied logit sets, at low and high temperature.
             let n = [2usize, 50, 5000][trial as usize % 3];
@@ -573,6 +567,17 @@ mod tests {
         assert!(gumbel_of(MAX_U) > 36.0);
     }
 
+    /// A xorshift stream of floats in [0, 1) from `seed`.
+    fn uniform_floats(seed: u64) -> impl FnMut() -> f32 {
+        let mut x = seed;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        }
+    }
+
     /// The left-to-right scan [`argmax`] must agree with.
     fn scan_argmax(logits: &[f32]) -> u32 {
         let mut best = 0usize;
@@ -586,13 +591,7 @@ mod tests {
 
     #[test]
     fn argmax_and_dense_gumbel_max_choose_what_the_plain_loops_choose() {
-        let mut x = 0x51_7cc1_b727_220au64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut next = uniform_floats(0x51_7cc1_b727_220au64);
         for trial in 0..300u64 {
             // Lengths around the 16-lane chunks, flat to peaked logits,
             // ties, signed zeros, NaN and minus infinity.
@@ -629,13 +628,7 @@ mod tests {
 
     #[test]
     fn choosing_from_bounds_gives_the_token_sample_gives() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut next = uniform_floats(0x9e37_79b9_7f4a_7c15u64);
         for trial in 0..300u64 {
             let n = [40usize, 3000][trial as usize % 2];
             let mut logits: Vec<f32> = (0..n).map(|_| 12.0 * next() - 6.0).collect();
