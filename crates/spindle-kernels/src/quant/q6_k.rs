@@ -93,6 +93,9 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
 /// Marker type for the multi-row kernels.
 pub(crate) struct Q6K;
 
+/// The AVX2 packing (no faster one for the VNNI kernel yet).
+impl super::multi_row::PackVnni for Q6K {}
+
 impl MultiRow for Q6K {
     const FOLD: Fold = Fold::Q6;
     // Values `u - 32` in -32..32, dotted with the sign trick: 4 steps of pair

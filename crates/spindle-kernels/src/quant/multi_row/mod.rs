@@ -203,6 +203,20 @@ pub(crate) trait MultiRow {
     }
 }
 
+/// The packing [`vnni`]'s kernel reads: [`MultiRow::pack_group_unsigned`],
+/// or for a type with a faster AVX-512 packing of the same bytes, that.
+pub(crate) trait PackVnni: MultiRow {
+    /// As [`MultiRow::pack_group_unsigned`], the same bytes.
+    ///
+    /// # Safety
+    /// As [`MultiRow::pack_group`], with AVX-512 F/BW/VL available too.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn pack_group_vnni(row: *const u8, g: usize, nb: usize, out: &mut WGroup) {
+        unsafe { Self::pack_group_unsigned(row, g, nb, out) }
+    }
+}
+
 /// Everything a multi-row range needs: the weights, the activations (plain
 /// for the scalar path, packed for AVX2) and where results go
 /// (`out[i * rows + r]`).
@@ -402,7 +416,7 @@ pub(crate) use avx2::{pack_acts, range_avx2, store_group, store_vertical};
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use vnni::{pack_acts_vnni, range_vnni};
+pub(crate) use vnni::{pack_acts_vnni, range_vnni, store_vertical_512};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {

@@ -23,7 +23,7 @@
 //! `tree8_x8`.
 
 use super::avx2::{pack_act_group, tree8_x8};
-use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR};
+use super::{act_chunk_rows, ActGroup, Fold, MultiRow, PackVnni, QuantJob, WGroup, MR};
 use crate::quant::q8_act::{ActRow, QuantizedActs};
 use std::arch::x86_64::*;
 use std::ptr::addr_of;
@@ -152,11 +152,51 @@ pub(crate) unsafe fn pack_acts_vnni<T: MultiRow>(acts: &QuantizedActs, out: &mut
 /// blocks (a whole row) and `out` holds `ng * stride` groups.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pack_row<T: MultiRow>(row: *const u8, nb: usize, out: *mut WGroup, stride: usize) {
+unsafe fn pack_row<T: PackVnni>(row: *const u8, nb: usize, out: *mut WGroup, stride: usize) {
     unsafe {
         for g in 0..nb.div_ceil(8) {
             let wg = &mut *out.add(g * stride);
-            T::pack_group_unsigned(row, g, nb, wg);
+            T::pack_group_vnni(row, g, nb, wg);
+        }
+    }
+}
+
+/// Stores a full group's 8 block vectors vertically at `dst` (step `k` at
+/// `dst + 32k`, its 32-bit lane `j` = dword `k` of block `j`): the bytes
+/// [`super::store_vertical`] stores, by two rounds of `vpermt2d` over
+/// block pairs instead of 24 AVX2 shuffles.
+///
+/// # Safety
+/// AVX-512 F available; `dst..dst + 256` writable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn store_vertical_512(v: &[__m256i; 8], dst: *mut u8) {
+    unsafe {
+        // z[p] = blocks 2p (dwords 0..8) and 2p + 1 (8..16).
+        let z = [0, 1, 2, 3]
+            .map(|p| _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * p]), v[2 * p + 1], 1));
+        // Dword k of blocks 0..4 (of 4..8 from z[2], z[3]), for k in 0..4
+        // (`lo`) and 4..8 (`hi`): [b0k b1k b2k b3k] for each k in turn.
+        let lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+        let hi = _mm512_setr_epi32(4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+        let t = [
+            _mm512_permutex2var_epi32(z[0], lo, z[1]),
+            _mm512_permutex2var_epi32(z[0], hi, z[1]),
+            _mm512_permutex2var_epi32(z[2], lo, z[3]),
+            _mm512_permutex2var_epi32(z[2], hi, z[3]),
+        ];
+        // Steps k, k + 1: the first 4 blocks from t[0 or 1], the last 4
+        // from t[2 or 3].
+        let even = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        let odd = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+        let steps = [
+            _mm512_permutex2var_epi32(t[0], even, t[2]),
+            _mm512_permutex2var_epi32(t[0], odd, t[2]),
+            _mm512_permutex2var_epi32(t[1], even, t[3]),
+            _mm512_permutex2var_epi32(t[1], odd, t[3]),
+        ];
+        for (i, s) in steps.iter().enumerate() {
+            _mm512_storeu_si512(dst.add(64 * i).cast(), *s);
         }
     }
 }
@@ -488,7 +528,7 @@ unsafe fn run_rows<T: MultiRow, const P: usize>(
 /// `pack_acts_vnni::<T>` of the activations; `i0` is even; the caller owns output elements
 /// `(i, r)` for `i` in `i0..i1`, `r` in `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn range_vnni<T: MultiRow>(
+pub(crate) unsafe fn range_vnni<T: PackVnni>(
     job: &QuantJob<'_>,
     r0: usize,
     r1: usize,
