@@ -157,9 +157,79 @@ fn gumbel_argmax_dense(logits: &[f32], inv_t: f64, seed: u64, position: u64) -> 
         return 0;
     }
     let top_id = argmax(logits);
-    let all = logits.iter().enumerate().map(|(i, &l)| (i as u32, l));
     let top = (top_id, logits[top_id as usize]);
-    gumbel_argmax_from(all, top, inv_t, seed, position)
+    // The bound `gumbel_argmax_from` computes: the tokens it would skip
+    // are dropped beforehand, 8 at a time.
+    let keyed = key(seed, position);
+    let bound = top.1 as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
+    let left = unskipped(logits, keyed, inv_t, bound);
+    gumbel_argmax_from(left.into_iter(), top, inv_t, seed, position)
+}
+
+/// The tokens of `logits` (with their logits) that [`variate_reaching`]
+/// does not skip against `floor`: the same tests, on 8 tokens at a time
+/// (their hashes and draws in vector registers where the CPU has 64-bit
+/// vector multiplies).
+fn unskipped(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: the features are checked just above.
+        return unsafe { unskipped_avx512(logits, keyed, inv_t, floor) };
+    }
+    unskipped_portable(logits, keyed, inv_t, floor)
+}
+
+/// [`unskipped`] compiled for AVX-512 (the same operations).
+///
+/// # Safety
+/// AVX-512 F, DQ and VL available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512dq,avx512vl")]
+unsafe fn unskipped_avx512(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
+    unskipped_portable(logits, keyed, inv_t, floor)
+}
+
+#[inline(always)]
+fn unskipped_portable(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
+    let (g_max, g_small) = (gumbel_of(MAX_U), gumbel_of(SMALL_U));
+    let kept = |id: u32, logit: f32| -> bool {
+        let x = logit as f64 * inv_t;
+        let u = draw(keyed, id as u64);
+        !(x + g_max < floor || (u <= SMALL_U && x + g_small < floor))
+    };
+    let mut out = Vec::new();
+    let mut chunks = logits.chunks_exact(8);
+    let mut base = 0u32;
+    for chunk in &mut chunks {
+        // `kept` lane by lane, in straight-line passes the compiler turns
+        // into vector operations (no short-circuit: the same result).
+        let mut u = [0f64; 8];
+        for (j, u) in u.iter_mut().enumerate() {
+            *u = draw(keyed, (base + j as u32) as u64);
+        }
+        let mut keep = [false; 8];
+        for (j, k) in keep.iter_mut().enumerate() {
+            let x = chunk[j] as f64 * inv_t;
+            *k = !((x + g_max < floor) | ((u[j] <= SMALL_U) & (x + g_small < floor)));
+        }
+        if keep.iter().fold(false, |any, &k| any | k) {
+            for (j, &k) in keep.iter().enumerate() {
+                if k {
+                    out.push((base + j as u32, chunk[j]));
+                }
+            }
+        }
+        base += 8;
+    }
+    for (j, &logit) in chunks.remainder().iter().enumerate() {
+        if kept(base + j as u32, logit) {
+            out.push((base + j as u32, logit));
+        }
+    }
+    out
 }
 
 /// The pruned loop of [`gumbel_argmax`], from its most likely candidate
@@ -565,6 +635,42 @@ mod tests {
         // The bound on the variates below SMALL_U holds.
         assert!(gumbel_of(SMALL_U) < 5.0 + 1e-9 && gumbel_of(SMALL_U) > 5.0 - 1e-9);
         assert!(gumbel_of(MAX_U) > 36.0);
+    }
+
+    #[test]
+    fn unskipped_keeps_the_tokens_variate_reaching_keeps() {
+        let mut next = uniform_floats(0x0dd_ba11_cafe_f00du64);
+        for trial in 0..60u64 {
+            let n = [7usize, 8, 9, 1000, 4103][trial as usize % 5];
+            let spread = [0.5f32, 8.0, 30.0][(trial / 5) as usize % 3];
+            let mut l: Vec<f32> = (0..n).map(|_| next() * spread).collect();
+            if trial % 4 == 0 {
+                l[n / 2] = f32::NAN;
+            }
+            let inv_t = 1.0 / [0.3f64, 0.8, 2.0][(trial / 15) as usize % 3];
+            let keyed = key(trial * 17 + 1, trial);
+            let floor = l.iter().copied().fold(f32::MIN, f32::max) as f64 * inv_t + 2.0;
+            let want: Vec<(u32, f32)> = l
+                .iter()
+                .enumerate()
+                .filter(|&(i, &v)| {
+                    variate_reaching(keyed, i as u32, v as f64 * inv_t, floor).is_some()
+                })
+                .map(|(i, &v)| (i as u32, v))
+                .collect();
+            let bits =
+                |v: &[(u32, f32)]| v.iter().map(|&(i, x)| (i, x.to_bits())).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&unskipped(&l, keyed, inv_t, floor)),
+                bits(&want),
+                "trial {trial}"
+            );
+            assert_eq!(
+                bits(&unskipped_portable(&l, keyed, inv_t, floor)),
+                bits(&want),
+                "trial {trial}"
+            );
+        }
     }
 
     /// A xorshift stream of floats in [0, 1) from `seed`.
