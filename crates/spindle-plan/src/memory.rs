@@ -253,7 +253,7 @@ pub fn activation_terms(
             mul(&[F32, logit_rows, vocab]),
             Phase::Decode,
         ),
-        // sampler.rs: a penalised copy (f32) and the (id, logit) candidates.
+        // sampler/mod.rs: a penalised copy (f32) and the (id, logit) candidates.
         term(
             "sampler: penalised logits and candidate list",
             mul(&[12, vocab]),

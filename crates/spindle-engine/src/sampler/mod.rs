@@ -10,6 +10,14 @@
 
 use std::collections::HashMap;
 
+mod gumbel;
+
+pub use gumbel::gumbel_noise;
+use gumbel::{draw, gumbel_argmax, gumbel_argmax_dense, gumbel_of, key, variate_reaching};
+#[cfg(test)]
+use gumbel::{gumbel, unskipped, unskipped_portable};
+use gumbel::{MAX_U, SMALL_U};
+
 /// Sampling settings. The defaults are plain greedy decoding.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerConfig {
@@ -104,159 +112,6 @@ fn penalised<'a>(
     owned.into()
 }
 
-/// The Gumbel variate of `id` at `keyed`, unless its scaled logit `x`
-/// plus any variate it could have stays below `floor`: skipped on the
-/// logit alone (against the largest variate there is) or on its uniform
-/// draw (below [`SMALL_U`] the variate is at most that of `SMALL_U`).
-/// The variate is non-decreasing in the draw, so only tokens whose score
-/// is strictly below `floor` are skipped.
-fn variate_reaching(keyed: u64, id: u32, x: f64, floor: f64) -> Option<f64> {
-    if x + gumbel_of(MAX_U) < floor {
-        return None;
-    }
-    let u = draw(keyed, id as u64);
-    if u <= SMALL_U && x + gumbel_of(SMALL_U) < floor {
-        return None;
-    }
-    Some(gumbel_of(u))
-}
-
-/// `argmax(logit/T + g)` over `candidates` (the lowest id wins a tie),
-/// without computing most of the Gumbel variates.
-///
-/// Every variate costs two logarithms, and over a 262k-token vocabulary
-/// those dominated sampling. The score of the most likely candidate is a
-/// lower bound `b` on the best; a candidate whose score cannot reach `b`
-/// is skipped on its logit alone (against the largest variate there is),
-/// or on its uniform draw (a hash, no logarithm): below [`SMALL_U`] its
-/// variate is at most that of `SMALL_U`. The variate is non-decreasing in
-/// the draw and rounding keeps that order, so only candidates that
-/// compare strictly below `b` are skipped: the token is the one the full
-/// loop would choose, bit for bit.
-fn gumbel_argmax(
-    candidates: impl Iterator<Item = (u32, f32)> + Clone,
-    inv_t: f64,
-    seed: u64,
-    position: u64,
-) -> u32 {
-    let Some(top) = candidates
-        .clone()
-        .reduce(|a, b| if b.1 > a.1 { b } else { a })
-    else {
-        return 0;
-    };
-    gumbel_argmax_from(candidates, top, inv_t, seed, position)
-}
-
-/// [`gumbel_argmax`] over every token of `logits`, the same token bit for
-/// bit, with the most likely token found by [`argmax`]'s 16-lane scan
-/// (the first largest logit, as the reduce finds it) rather than a reduce
-/// over (id, logit) pairs.
-fn gumbel_argmax_dense(logits: &[f32], inv_t: f64, seed: u64, position: u64) -> u32 {
-    if logits.is_empty() {
-        return 0;
-    }
-    let top_id = argmax(logits);
-    let top = (top_id, logits[top_id as usize]);
-    // The bound `gumbel_argmax_from` computes: the tokens it would skip
-    // are dropped beforehand, 8 at a time.
-    let keyed = key(seed, position);
-    let bound = top.1 as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
-    let left = unskipped(logits, keyed, inv_t, bound);
-    gumbel_argmax_from(left.into_iter(), top, inv_t, seed, position)
-}
-
-/// The tokens of `logits` (with their logits) that [`variate_reaching`]
-/// does not skip against `floor`: the same tests, on 8 tokens at a time
-/// (their hashes and draws in vector registers where the CPU has 64-bit
-/// vector multiplies).
-fn unskipped(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-    {
-        // SAFETY: the features are checked just above.
-        return unsafe { unskipped_avx512(logits, keyed, inv_t, floor) };
-    }
-    unskipped_portable(logits, keyed, inv_t, floor)
-}
-
-/// [`unskipped`] compiled for AVX-512 (the same operations).
-///
-/// # Safety
-/// AVX-512 F, DQ and VL available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512dq,avx512vl")]
-unsafe fn unskipped_avx512(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
-    unskipped_portable(logits, keyed, inv_t, floor)
-}
-
-#[inline(always)]
-fn unskipped_portable(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
-    let (g_max, g_small) = (gumbel_of(MAX_U), gumbel_of(SMALL_U));
-    let kept = |id: u32, logit: f32| -> bool {
-        let x = logit as f64 * inv_t;
-        let u = draw(keyed, id as u64);
-        !(x + g_max < floor || (u <= SMALL_U && x + g_small < floor))
-    };
-    let mut out = Vec::new();
-    let mut chunks = logits.chunks_exact(8);
-    let mut base = 0u32;
-    for chunk in &mut chunks {
-        // `kept` lane by lane, in straight-line passes the compiler turns
-        // into vector operations (no short-circuit: the same result).
-        let mut u = [0f64; 8];
-        for (j, u) in u.iter_mut().enumerate() {
-            *u = draw(keyed, (base + j as u32) as u64);
-        }
-        let mut keep = [false; 8];
-        for (j, k) in keep.iter_mut().enumerate() {
-            let x = chunk[j] as f64 * inv_t;
-            *k = !((x + g_max < floor) | ((u[j] <= SMALL_U) & (x + g_small < floor)));
-        }
-        if keep.iter().fold(false, |any, &k| any | k) {
-            for (j, &k) in keep.iter().enumerate() {
-                if k {
-                    out.push((base + j as u32, chunk[j]));
-                }
-            }
-        }
-        base += 8;
-    }
-    for (j, &logit) in chunks.remainder().iter().enumerate() {
-        if kept(base + j as u32, logit) {
-            out.push((base + j as u32, logit));
-        }
-    }
-    out
-}
-
-/// The pruned loop of [`gumbel_argmax`], from its most likely candidate
-/// `(top_id, top_logit)`.
-fn gumbel_argmax_from(
-    candidates: impl Iterator<Item = (u32, f32)>,
-    (top_id, top_logit): (u32, f32),
-    inv_t: f64,
-    seed: u64,
-    position: u64,
-) -> u32 {
-    let keyed = key(seed, position);
-    let bound = top_logit as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64));
-    let mut best = (f64::NEG_INFINITY, top_id);
-    for (id, logit) in candidates {
-        let x = logit as f64 * inv_t;
-        let Some(g) = variate_reaching(keyed, id, x, bound) else {
-            continue;
-        };
-        let score = x + g;
-        if score > best.0 || (score == best.0 && id < best.1) {
-            best = (score, id);
-        }
-    }
-    best.1
-}
-
 /// How far below the best score (in nats) a token's share of a
 /// [`coupled_choice`] stops counting: e^-16 each.
 const SHARE_CUTOFF: f64 = 16.0;
@@ -344,13 +199,6 @@ pub fn coupled_choice(
             confidence: share(s.0),
         }),
     ))
-}
-
-/// The standard Gumbel variate [`sample`] adds to `token`'s scaled logit at
-/// `position` under `seed`: count-based drafters rank their candidates by
-/// it too.
-pub fn gumbel_noise(seed: u64, position: usize, token: u32) -> f64 {
-    gumbel_of(draw(key(seed, position as u64), token as u64))
 }
 
 /// The exact logits of some tokens, in the order asked.
@@ -549,47 +397,6 @@ fn filter(cfg: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f32)> {
         cands.retain(|c| (c.1 as f64 - max) * inv_t >= cut);
     }
     cands
-}
-
-/// Draws above this are rare (1 - `SMALL_U` of them: 0.7%), and below it
-/// a variate is at most ~5.
-const SMALL_U: f64 = 0.993_284_702_067_841_8;
-/// The largest draw [`draw`] makes.
-const MAX_U: f64 = unit(u64::MAX >> 11);
-
-/// The part of the generator's key shared by every token at one position.
-fn key(seed: u64, position: u64) -> u64 {
-    mix(mix(seed ^ 0x9E37_79B9_7F4A_7C15) ^ position)
-}
-
-/// A uniform draw in (0, 1) keyed by (seed, position, token).
-fn draw(key: u64, token: u64) -> f64 {
-    let h = mix(key ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93));
-    unit(h >> 11)
-}
-
-/// 53 random bits -> u in (0, 1).
-const fn unit(bits: u64) -> f64 {
-    (bits as f64 + 0.5) / (1u64 << 53) as f64
-}
-
-/// The standard Gumbel variate of draw `u`.
-fn gumbel_of(u: f64) -> f64 {
-    -(-u.ln()).ln()
-}
-
-/// A standard Gumbel variate keyed by (seed, position, token).
-#[cfg(test)]
-fn gumbel(seed: u64, position: u64, token: u64) -> f64 {
-    gumbel_noise(seed, position as usize, token as u32)
-}
-
-/// SplitMix64 finaliser: a bijective, well-mixed hash of 64 bits.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]
