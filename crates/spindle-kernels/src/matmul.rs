@@ -324,7 +324,7 @@ fn avx2_multi<T: multi_row::MultiRow>() -> QuantMulti {
 
 /// The VNNI multi-row kernel of quantized type `T`.
 #[cfg(target_arch = "x86_64")]
-fn vnni_multi<T: multi_row::PackVnni>() -> QuantMulti {
+fn vnni_multi<T: multi_row::MultiRow>() -> QuantMulti {
     QuantMulti {
         pack: Some(multi_row::pack_acts_vnni::<T>),
         range: multi_row::range_vnni::<T>,

@@ -75,21 +75,6 @@ pub(crate) fn rows_scalar<B: Block32>(w: &[u8], row_bytes: usize, a: ActRow<'_>,
     }
 }
 
-impl<B: Block32> super::multi_row::PackVnni for B {
-    /// # Safety
-    /// As [`MultiRow::pack_group`], with AVX-512 F/BW/VL available too.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    unsafe fn pack_group_vnni(
-        row: *const u8,
-        g: usize,
-        nb: usize,
-        out: &mut super::multi_row::WGroup,
-    ) {
-        unsafe { avx2::pack_group_vnni::<B>(row, g, nb, out) }
-    }
-}
-
 impl<B: Block32> MultiRow for B {
     const FOLD: Fold = Fold::Block32;
     const SIGNED: bool = B::OFFSET == 0;
@@ -117,9 +102,9 @@ impl<B: Block32> MultiRow for B {
     }
 
     /// # Safety
-    /// As [`MultiRow::pack_group`].
+    /// As [`MultiRow::pack_group_unsigned`].
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     unsafe fn pack_group_unsigned(
         row: *const u8,
         g: usize,
@@ -236,34 +221,15 @@ pub(crate) mod avx2 {
 
     /// [`pack_group`] for the VNNI kernel: the values as one unsigned
     /// operand (`value + OFFSET`, or `s + 128` for signed types), and the
-    /// scales.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C available; `row` covers `nb` blocks.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn pack_group_unsigned<B: Block32>(
-        row: *const u8,
-        g: usize,
-        nb: usize,
-        out: &mut WGroup,
-    ) {
-        unsafe {
-            let flip = if B::OFFSET == 0 { 0x80u8 as i8 } else { 0 };
-            let v = group_values::<B>(row, g, nb, flip, &mut out.f0);
-            store_group(&v, nb - 8 * g, out.u.as_mut_ptr());
-        }
-    }
-
-    /// [`pack_group_unsigned`], the same bytes, with a full group's
-    /// transposition in AVX-512 (`vnni::store_vertical_512`).
+    /// scales; a full group transposed by `vpermt2d`
+    /// (`multi_row::store_vertical_512`).
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 F/BW/VL available; `row` covers `nb`
     /// blocks.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn pack_group_vnni<B: Block32>(
+    pub(super) unsafe fn pack_group_unsigned<B: Block32>(
         row: *const u8,
         g: usize,
         nb: usize,

@@ -84,9 +84,6 @@ pub(crate) fn k_decode_row(
 /// Marker type for the multi-row kernels.
 pub(crate) struct Q4K;
 
-/// The AVX2 packing (no faster one for the VNNI kernel yet).
-impl super::multi_row::PackVnni for Q4K {}
-
 impl MultiRow for Q4K {
     const FOLD: Fold = Fold::KMin;
     const SIGNED: bool = false;

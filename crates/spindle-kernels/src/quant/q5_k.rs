@@ -66,9 +66,6 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
 /// Marker type for the multi-row kernels.
 pub(crate) struct Q5K;
 
-/// The AVX2 packing (no faster one for the VNNI kernel yet).
-impl super::multi_row::PackVnni for Q5K {}
-
 impl MultiRow for Q5K {
     const FOLD: Fold = Fold::KMin;
     const SIGNED: bool = false;

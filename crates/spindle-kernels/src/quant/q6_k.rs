@@ -93,9 +93,6 @@ pub(crate) fn rows_scalar(w: &[u8], row_bytes: usize, a: ActRow<'_>, out: &mut [
 /// Marker type for the multi-row kernels.
 pub(crate) struct Q6K;
 
-/// The AVX2 packing (no faster one for the VNNI kernel yet).
-impl super::multi_row::PackVnni for Q6K {}
-
 impl MultiRow for Q6K {
     const FOLD: Fold = Fold::Q6;
     // Values `u - 32` in -32..32, dotted with the sign trick: 4 steps of pair
@@ -129,9 +126,9 @@ impl MultiRow for Q6K {
     }
 
     /// # Safety
-    /// As [`MultiRow::pack_group`].
+    /// As [`MultiRow::pack_group_unsigned`].
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     unsafe fn pack_group_unsigned(
         row: *const u8,
         g: usize,

@@ -182,9 +182,10 @@ pub(crate) trait MultiRow {
     /// (`vpdpbusd` multiplies unsigned by signed, with no saturation).
     ///
     /// # Safety
-    /// As [`pack_group`](Self::pack_group).
+    /// As [`pack_group`](Self::pack_group), with AVX-512 F/BW/VL available
+    /// too (the VNNI kernel's machines).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     unsafe fn pack_group_unsigned(row: *const u8, g: usize, nb: usize, out: &mut WGroup) {
         unsafe {
             use std::arch::x86_64::*;
@@ -200,20 +201,6 @@ pub(crate) trait MultiRow {
                 }
             }
         }
-    }
-}
-
-/// The packing [`vnni`]'s kernel reads: [`MultiRow::pack_group_unsigned`],
-/// or for a type with a faster AVX-512 packing of the same bytes, that.
-pub(crate) trait PackVnni: MultiRow {
-    /// As [`MultiRow::pack_group_unsigned`], the same bytes.
-    ///
-    /// # Safety
-    /// As [`MultiRow::pack_group`], with AVX-512 F/BW/VL available too.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    unsafe fn pack_group_vnni(row: *const u8, g: usize, nb: usize, out: &mut WGroup) {
-        unsafe { Self::pack_group_unsigned(row, g, nb, out) }
     }
 }
 

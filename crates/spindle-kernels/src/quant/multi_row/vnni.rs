@@ -23,7 +23,7 @@
 //! `tree8_x8`.
 
 use super::avx2::{pack_act_group, tree8_x8};
-use super::{act_chunk_rows, ActGroup, Fold, MultiRow, PackVnni, QuantJob, WGroup, MR};
+use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR};
 use crate::quant::q8_act::{ActRow, QuantizedActs};
 use std::arch::x86_64::*;
 use std::ptr::addr_of;
@@ -152,11 +152,11 @@ pub(crate) unsafe fn pack_acts_vnni<T: MultiRow>(acts: &QuantizedActs, out: &mut
 /// blocks (a whole row) and `out` holds `ng * stride` groups.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pack_row<T: PackVnni>(row: *const u8, nb: usize, out: *mut WGroup, stride: usize) {
+unsafe fn pack_row<T: MultiRow>(row: *const u8, nb: usize, out: *mut WGroup, stride: usize) {
     unsafe {
         for g in 0..nb.div_ceil(8) {
             let wg = &mut *out.add(g * stride);
-            T::pack_group_vnni(row, g, nb, wg);
+            T::pack_group_unsigned(row, g, nb, wg);
         }
     }
 }
@@ -528,7 +528,7 @@ unsafe fn run_rows<T: MultiRow, const P: usize>(
 /// `pack_acts_vnni::<T>` of the activations; `i0` is even; the caller owns output elements
 /// `(i, r)` for `i` in `i0..i1`, `r` in `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn range_vnni<T: PackVnni>(
+pub(crate) unsafe fn range_vnni<T: MultiRow>(
     job: &QuantJob<'_>,
     r0: usize,
     r1: usize,
