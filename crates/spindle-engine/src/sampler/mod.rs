@@ -15,8 +15,7 @@ mod gumbel;
 pub use gumbel::gumbel_noise;
 use gumbel::{draw, gumbel_argmax, gumbel_argmax_dense, gumbel_of, key, variate_reaching};
 #[cfg(test)]
-use gumbel::{gumbel, unskipped, unskipped_portable};
-use gumbel::{MAX_U, SMALL_U};
+use gumbel::{gumbel, unskipped, unskipped_portable, MAX_U, SMALL_U};
 
 /// Sampling settings. The defaults are plain greedy decoding.
 #[derive(Debug, Clone, PartialEq)]
@@ -253,15 +252,13 @@ pub fn choose_bounded<E>(
     let keyed = key(cfg.seed, position as u64);
     let score = |logit: f32, id: u32| logit as f64 * inv_t + gumbel_of(draw(keyed, id as u64));
     let bound = score(first, likeliest);
-    let (g_max, g_small) = (gumbel_of(MAX_U), gumbel_of(SMALL_U));
     for (i, &u) in ub.iter().enumerate() {
+        // The pruned Gumbel-max's test, on the token's upper bound.
         let x = u as f64 * inv_t;
-        if x + g_max < bound {
-            continue;
-        }
-        let d = draw(keyed, i as u64);
-        if (d <= SMALL_U && x + g_small < bound) || x + gumbel_of(d) < bound {
-            continue;
+        match variate_reaching(keyed, i as u32, x, bound) {
+            Some(g) if x + g < bound => continue,
+            None => continue,
+            Some(_) => {}
         }
         candidates.push(i as u32);
         if candidates.len() > MAX_BOUNDED_CANDIDATES {
