@@ -30,7 +30,7 @@ pub struct SpecArgs {
     /// `serve`: most memory (MiB) of the suffix tries over earlier
     /// requests' outputs; the least recently used outputs are evicted
     /// beyond it. 0 turns drafting from earlier traffic off.
-    #[arg(long = "spec-cache-mb", default_value_t = 64)]
+    #[arg(long = "spec-cache-mb", default_value_t = spindle_engine::speculative::DEFAULT_TRAFFIC_CACHE_BYTES >> 20)]
     pub spec_cache_mb: usize,
     /// `serve`: one trie of earlier outputs for every tenant instead of
     /// one per API key or `user` (for single-user servers: with separate

@@ -638,7 +638,7 @@ fn the_default_prior_works_on_states_longer_than_the_sliding_window() {
 #[test]
 fn kept_priors_skip_the_content_free_branch_and_change_nothing() {
     let Some(s) = setup() else { return };
-    let cache = PriorCache::new(16);
+    let cache = PriorCache::new(1 << 20);
     let qs = questions();
     let ask = |state: &str, cache: Option<&PriorCache>| {
         let req = debiased(

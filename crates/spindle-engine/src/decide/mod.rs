@@ -29,7 +29,7 @@ mod prior_cache;
 mod wire;
 
 pub use normalize::normalize;
-pub use prior_cache::PriorCache;
+pub use prior_cache::{PriorCache, DEFAULT_PRIOR_CACHE_BYTES};
 pub use prompt::DecisionPlan;
 pub use wire::{parse_request, Form};
 

@@ -103,50 +103,59 @@ fn prompt_row_at(batch: &Batch, prompt_row: usize, k: usize) -> Option<usize> {
     None
 }
 
-/// The log-probabilities `tree` asks for, from the pass's logits.
+/// Rows whose logits are held at once while a tree is scored: 32 MiB for a
+/// 262k vocabulary, what the spare logits buffers keep. A decision of a
+/// thousand option tokens held 1 GiB of logits at once before; `bench/soak`
+/// saw its resident set jump by 55 MiB while a 50-row decision ran.
+const SCORE_ROWS_AT_ONCE: usize = 32;
+
+/// The log-probabilities `tree` asks for, from the pass's hidden states:
+/// the head runs over the read rows [`SCORE_ROWS_AT_ONCE`] at a time, and
+/// each block's logits are dropped once its log-probabilities are read (a
+/// row's logits are the same bits whichever rows share its call).
 pub(crate) fn read_scores(
     model: &Model,
-    logits: &mut LazyLogits,
+    logits: &LazyLogits,
     tree: &ScoreTree,
     placed: &PlacedTree,
 ) -> Result<TreeScores, EngineError> {
-    // (`compute` is the one call that may fail.)
-    logits.compute(model, &placed.logits_rows)?;
-    // Each row's normaliser once, rows split over the cores: a row is a
-    // sum over the whole vocabulary.
-    let rows: Vec<&[f32]> = placed
-        .logits_rows
-        .iter()
-        .map(|&r| logits.get(r).expect("computed above"))
-        .collect();
-    let lse = log_sum_exps(&rows);
-    let at = |row: usize| {
-        placed
-            .logits_rows
-            .iter()
-            .position(|&r| r == row)
-            .expect("every read row asked for logits")
-    };
-    let logprob = |row: usize, token: u32| {
-        let i = at(row);
-        rows[i]
-            .get(token as usize)
-            .map_or(f64::NEG_INFINITY, |&l| l as f64 - lse[i])
-    };
-    let scored = tree
+    // Every (row, token) asked: the scored nodes, then the ends.
+    let asked: Vec<(usize, u32)> = tree
         .scored
         .iter()
         .map(|&n| {
             let (token, parent) = tree.nodes[n];
-            logprob(placed.row_of(parent), token)
+            (placed.row_of(parent), token)
         })
+        .chain(
+            tree.ends
+                .iter()
+                .map(|&(n, token)| (placed.row_of(Some(n)), token)),
+        )
         .collect();
-    let ends = tree
-        .ends
-        .iter()
-        .map(|&(n, token)| logprob(placed.row_of(Some(n)), token))
-        .collect();
-    Ok(TreeScores { scored, ends })
+    let mut values = vec![f64::NEG_INFINITY; asked.len()];
+    for block in placed.logits_rows.chunks(SCORE_ROWS_AT_ONCE) {
+        let computed = model.logits(logits.hidden(), block)?;
+        let rows: Vec<&[f32]> = block
+            .iter()
+            .map(|&r| computed.row(r).expect("computed above"))
+            .collect();
+        // Each row's normaliser once, rows split over the cores: a row is
+        // a sum over the whole vocabulary.
+        let lse = log_sum_exps(&rows);
+        for (value, &(row, token)) in values.iter_mut().zip(&asked) {
+            if let Some(i) = block.iter().position(|&r| r == row) {
+                *value = rows[i]
+                    .get(token as usize)
+                    .map_or(f64::NEG_INFINITY, |&l| l as f64 - lse[i]);
+            }
+        }
+    }
+    let ends = values.split_off(tree.scored.len());
+    Ok(TreeScores {
+        scored: values,
+        ends,
+    })
 }
 
 /// `ln sum exp(row)` of each row (within 3e-7, see

@@ -36,6 +36,6 @@ pub use generate::{generate_speculative, generate_speculative_on};
 pub use ngram_drafter::NgramDrafter;
 pub use suffix_drafter::SuffixDrafter;
 pub use token_tree::TokenTree;
-pub use traffic_cache::{TrafficCache, TrafficConfig, TrafficStats};
+pub use traffic_cache::{TrafficCache, TrafficConfig, TrafficStats, DEFAULT_TRAFFIC_CACHE_BYTES};
 pub use tree_budget::{CostLine, TreeBudget};
 pub use verify::{walk, Walk};

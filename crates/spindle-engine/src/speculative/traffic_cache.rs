@@ -14,6 +14,14 @@ use std::collections::HashMap;
 use super::drafter::{Draft, Source};
 use super::suffix_trie::{Growth, SuffixTrie, NODE_BYTES};
 
+/// The server's default bound. At ~30 trie nodes of 28 bytes per output
+/// token (depth 40) it keeps the last ~20,000 tokens of outputs: an agent's
+/// recent turns, which is where repeated text comes from. It is reached in
+/// about a minute and a half of `bench/soak` (64 streams), so the server's
+/// memory is flat after that; 64 MiB kept growing for six minutes
+/// (docs/PERF.md §37).
+pub const DEFAULT_TRAFFIC_CACHE_BYTES: usize = 16 << 20;
+
 /// How the cache is bounded and shared.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrafficConfig {
@@ -29,7 +37,7 @@ pub struct TrafficConfig {
 impl Default for TrafficConfig {
     fn default() -> Self {
         TrafficConfig {
-            max_bytes: 64 << 20,
+            max_bytes: DEFAULT_TRAFFIC_CACHE_BYTES,
             share_tenants: false,
             depth: 40,
         }
@@ -41,6 +49,10 @@ impl Default for TrafficConfig {
 const PROMPT_TAIL: usize = 16;
 /// Bytes of bookkeeping per stored output besides its tokens.
 const DOC_OVERHEAD: usize = 64;
+/// Bytes of bookkeeping per tenant besides its key: its map entry, its
+/// trie's root and tables. Counted so that many tenants with one short
+/// output each cannot hold more than the bound.
+const TENANT_OVERHEAD: usize = 256;
 
 #[derive(Debug)]
 struct Doc {
@@ -56,12 +68,14 @@ struct TenantTrie {
     next_doc: u32,
     /// Bytes of the stored outputs.
     doc_bytes: usize,
+    /// Its key's and its own bookkeeping's bytes.
+    fixed_bytes: usize,
 }
 
 impl TenantTrie {
     /// Live bytes: what the bound counts.
     fn bytes(&self) -> usize {
-        self.trie.live_bytes() + self.doc_bytes
+        self.trie.live_bytes() + self.doc_bytes + self.fixed_bytes
     }
 }
 
@@ -131,13 +145,17 @@ impl TrafficCache {
         self.clock += 1;
         let key = self.key(tenant).to_string();
         let depth = self.config.depth;
+        let fixed_bytes = key.len() + TENANT_OVERHEAD;
+        // A new tenant's whole size counts (its root and bookkeeping too).
+        let new_tenant = !self.tenants.contains_key(&key);
         let t = self.tenants.entry(key).or_insert_with(|| TenantTrie {
             trie: SuffixTrie::new(depth),
             docs: HashMap::new(),
             next_doc: 0,
+            fixed_bytes,
             doc_bytes: 0,
         });
-        let before = t.bytes();
+        let before = if new_tenant { 0 } else { t.bytes() };
         let id = t.next_doc;
         t.next_doc = t.next_doc.wrapping_add(1);
         t.trie.insert(&tokens, id);
@@ -173,6 +191,7 @@ impl TrafficCache {
             t.doc_bytes -= doc.tokens.len() * 4 + DOC_OVERHEAD;
             self.bytes -= before - t.bytes();
             if t.docs.is_empty() {
+                self.bytes -= t.bytes();
                 self.tenants.remove(&key);
             }
             self.evicted += 1;
@@ -296,5 +315,36 @@ mod tests {
         assert_eq!((s.outputs, s.tenants, s.evicted), (1, 1, 1));
         assert!(drafted(&mut tiny, "t", &[101, 102]).is_empty());
         assert_eq!(tiny.bytes, live);
+    }
+
+    #[test]
+    fn many_tenants_with_one_short_output_each_stay_within_the_bound() {
+        let bound = 64 << 10;
+        let mut c = TrafficCache::new(TrafficConfig {
+            max_bytes: bound,
+            ..TrafficConfig::default()
+        });
+        for i in 0..10_000 {
+            c.add(&format!("tenant-{i}"), &[1, 2, 3], 2);
+        }
+        let s = c.stats();
+        assert!(c.bytes <= bound, "{} bytes", c.bytes);
+        // Each tenant's bookkeeping counts: without it 10,000 tenants of a
+        // few nodes each fitted in 64 KiB of counted bytes.
+        assert!(
+            s.tenants * TENANT_OVERHEAD <= bound,
+            "{} tenants",
+            s.tenants
+        );
+        assert!(s.evicted > 0);
+        // All evicted: nothing is left counted.
+        let mut empty = TrafficCache::new(TrafficConfig {
+            max_bytes: bound,
+            ..TrafficConfig::default()
+        });
+        empty.add("a", &[1, 2, 3], 2);
+        empty.config.max_bytes = 0;
+        empty.evict();
+        assert_eq!((empty.bytes, empty.stats().tenants), (0, 0));
     }
 }
