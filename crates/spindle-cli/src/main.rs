@@ -80,15 +80,15 @@ fn restore_sigpipe() {
 }
 
 /// Logs go to stderr, in colour only on a terminal (a file, a pipe or a
-/// journal gets plain text). `SPINDLE_LOG` sets the filter; without it
-/// only errors show, and for `serve` its access log too (one line per
-/// request, `spindle::access`).
-fn init_logging(serving: bool) {
+/// journal gets plain text). `serve --log` or else `SPINDLE_LOG` sets the
+/// filter; without either only errors show, and for `serve` its access log
+/// too (one line per request, `spindle::access`).
+fn init_logging(serving: bool, flag: Option<String>) {
     use std::io::IsTerminal;
     use tracing_subscriber::filter::LevelFilter;
     use tracing_subscriber::EnvFilter;
-    let given = std::env::var("SPINDLE_LOG")
-        .ok()
+    let given = flag
+        .or_else(|| std::env::var("SPINDLE_LOG").ok())
         .filter(|s| !s.trim().is_empty());
     let directives = match (given, serving) {
         (Some(s), _) => s,
@@ -108,7 +108,11 @@ fn init_logging(serving: bool) {
 fn main() {
     restore_sigpipe();
     let cli = Cli::parse();
-    init_logging(matches!(cli.command, Command::Serve(_)));
+    let (serving, flag) = match &cli.command {
+        Command::Serve(a) => (true, a.log.clone()),
+        _ => (false, None),
+    };
+    init_logging(serving, flag);
     let result = match cli.command {
         Command::Pull(a) => commands::pull::run(a),
         Command::Run(a) => commands::run::run(a),

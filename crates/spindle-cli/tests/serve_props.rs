@@ -221,6 +221,8 @@ fn access_log_props_cors_content_parts_and_404() {
             ORIGIN,
             "--cors-origin",
             "http://second.test",
+            "--decide-cache-mb",
+            "2",
         ],
         true,
     );
@@ -320,6 +322,17 @@ fn access_log_props_cors_content_parts_and_404() {
     // Room for both sequences at the whole context.
     assert!(blocks >= 2 * 512 / 16, "{p}");
     assert_eq!(p["kv"]["tokens"].as_u64(), Some(blocks * 16), "{p}");
+    // Everything that grows with the traffic has a bound, and says it.
+    assert_eq!(
+        p["memory_bounds"],
+        json!({
+            "spec_traffic_cache": 16 << 20,
+            "decide_priors": 2 << 20,
+            "spare_logits": 32 << 20,
+            "kv_pool": p["kv"]["bytes"],
+        }),
+        "{p}"
+    );
     assert_eq!(p["build"]["version"], env!("CARGO_PKG_VERSION"), "{p}");
     assert!(p["build"]["isa"].is_string(), "{p}");
     let q = get(&plain_addr, "/props");
@@ -329,6 +342,41 @@ fn access_log_props_cors_content_parts_and_404() {
         json!({"mode": "off", "budget": null}),
         "{q}"
     );
+    assert!(
+        q["memory_bounds"].get("spec_traffic_cache").is_none(),
+        "{q}"
+    );
+    // The memory by part: the weights are the file's tensors (a tied head
+    // counted once), the KV pool is what /props says, and the allocator
+    // and the resident set are read from the process.
+    let r = http(&plain_addr, "GET", "/metrics", &[], "");
+    let metrics = match r.header("transfer-encoding") {
+        Some("chunked") => dechunk(&r.body),
+        _ => r.body,
+    };
+    let part = |name: &str| -> f64 {
+        let key = format!("spindle:memory_bytes{{model_name=\"{MODEL}\",part=\"{name}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in\n{metrics}"))
+    };
+    let file = std::fs::metadata(&model).unwrap().len() as f64;
+    let weights = part("weights");
+    assert!(
+        weights > 0.9 * file && weights <= file,
+        "{weights} bytes of weights in a file of {file}"
+    );
+    assert_eq!(part("kv_pool"), q["kv"]["bytes"].as_f64().unwrap());
+    assert!(part("kv_prefix_cached") <= part("kv_pool"));
+    assert!(part("allocator_in_use") > 0.0);
+    let rss: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no resident set in\n{metrics}"));
+    assert!(rss > part("kv_pool"), "{rss}");
     // It names a path: behind the key like the rest of the API.
     assert_eq!(http(&addr, "GET", "/props", &[], "").status, 401);
 

@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod heap;
 pub mod kv_cache;
 pub mod loader;
 mod parallel;
@@ -18,6 +19,8 @@ pub use arch::Family;
 pub use batch::{Batch, Row, SeqId};
 pub use config::ModelConfig;
 pub use error::ModelError;
-pub use forward::{spare_logits_bytes, Hidden, Logits, Model, ScreenCounts};
+pub use forward::{
+    spare_logits_bytes, Hidden, Logits, Model, ModelMemory, ScreenCounts, SPARE_LOGITS_MAX_BYTES,
+};
 pub use kv_cache::{BlockUsage, KvCache, KvLayout, KvType, BLOCK};
 pub use loader::{check_weights, load, load_tokenizer, LoadedModel, WeightsCheck};

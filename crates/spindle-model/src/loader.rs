@@ -65,7 +65,7 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
         let config = ModelConfig::from_gguf(&gguf)?;
         let weights = Weights::load(&TensorSource::Gguf(&gguf), &config)?;
         let (tokenizer, tokenizer_error) = tokenizer.join().expect("tokenizer thread panicked")?;
-        release_freed_memory();
+        crate::heap::release_freed_memory();
         Ok(LoadedModel {
             model: screened(Model::new(config, weights, n_threads), tokenizer.as_ref()),
             tokenizer,
@@ -195,22 +195,6 @@ fn resident_weights(file_len: u64) -> bool {
         return false;
     }
     mem_available().is_none_or(|avail| file_len < avail / 2)
-}
-
-/// Hands memory freed while loading (the tokenizer's build, the metadata
-/// parsed twice) back to the system: glibc keeps freed blocks in the arena
-/// of the thread that freed them, which would otherwise stay resident for
-/// the whole run.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        extern "C" {
-            fn malloc_trim(pad: usize) -> std::ffi::c_int;
-        }
-        // SAFETY: malloc_trim only returns free heap pages to the kernel; it
-        // has no preconditions.
-        unsafe { malloc_trim(0) };
-    }
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.

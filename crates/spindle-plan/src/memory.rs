@@ -247,7 +247,10 @@ pub fn activation_terms(
             mul(&[F32, logit_rows, e]),
             Phase::Decode,
         ),
-        // forward.rs returns Logits::data, held while the rows are sampled.
+        // forward.rs returns Logits::data, held while the rows are sampled;
+        // once dropped, spare_logits.rs keeps the buffer (at most 32 MiB)
+        // for the next pass's logits, so the two are the same memory and
+        // are counted once.
         term(
             "Logits.data: logits of those rows, f32",
             mul(&[F32, logit_rows, vocab]),

@@ -85,6 +85,9 @@ pub struct PlanRequest {
     /// The bound of the server's cache of earlier outputs for speculative
     /// drafts (`--spec-cache-mb`), 0 without one.
     pub spec_cache_bytes: u64,
+    /// The bound of the server's cache of decisions' content-free answers
+    /// (`--decide-cache-mb`), 0 when not counted.
+    pub decide_cache_bytes: u64,
 }
 
 impl PlanRequest {
@@ -97,6 +100,7 @@ impl PlanRequest {
             device,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             spec_cache_bytes: 0,
+            decide_cache_bytes: 0,
         }
     }
 
@@ -167,6 +171,9 @@ pub struct Plan {
     /// The cache of earlier outputs speculative drafts come from, at its
     /// bound (`serve --spec-cache-mb`; 0 when not asked for).
     pub spec_cache_bytes: u64,
+    /// The server's cache of decisions' content-free answers, at its bound
+    /// (`serve --decide-cache-mb`; 0 when not asked for).
+    pub decide_cache_bytes: u64,
     /// Peak while loading (weights read while the tokenizer is built); the
     /// total is the larger of this and the running peak.
     pub load_peak_bytes: u64,
@@ -214,8 +221,10 @@ pub fn plan(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) 
     let kv_bytes = shape.kv_bytes(ctx, batch, kv);
     let load_peak_bytes = memory::load_peak_bytes(shape, profile);
     let spec_cache_bytes = request.spec_cache_bytes;
-    let total_bytes =
-        memory::total_bytes(shape, ctx, batch, kv, chunk, profile).saturating_add(spec_cache_bytes);
+    let decide_cache_bytes = request.decide_cache_bytes;
+    let total_bytes = memory::total_bytes(shape, ctx, batch, kv, chunk, profile)
+        .saturating_add(spec_cache_bytes)
+        .saturating_add(decide_cache_bytes);
     let memory = device.memory_bytes;
 
     let decode = |kv: KvType| PerBatch {
@@ -251,6 +260,7 @@ pub fn plan(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) 
         activation_bytes,
         overhead_bytes,
         spec_cache_bytes,
+        decide_cache_bytes,
         load_peak_bytes,
         total_bytes,
         fits: total_bytes <= memory,

@@ -76,6 +76,17 @@ impl Plan {
             "runtime overhead",
             human_bytes(self.overhead_bytes),
         );
+        if self.spec_cache_bytes > 0 || self.decide_cache_bytes > 0 {
+            row(
+                &mut out,
+                "server caches (bounds)",
+                format!(
+                    "{} earlier outputs (--spec-cache-mb), {} decision priors (--decide-cache-mb)",
+                    human_bytes(self.spec_cache_bytes),
+                    human_bytes(self.decide_cache_bytes)
+                ),
+            );
+        }
         let verdict = if self.fits { "fits" } else { "DOES NOT FIT" };
         row(
             &mut out,

@@ -37,6 +37,7 @@ fn request(batch: u64) -> PlanRequest {
         device: Device::parse("custom:256,100,10").unwrap(),
         prefill_chunk: 512,
         spec_cache_bytes: 0,
+        decide_cache_bytes: 0,
     }
 }
 

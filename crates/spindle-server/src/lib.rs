@@ -12,6 +12,7 @@ mod decide;
 mod error;
 mod generation;
 mod guarded_body;
+mod memory;
 pub mod openai;
 mod props;
 mod routes;
@@ -104,7 +105,9 @@ impl AppState {
             stopping: tokio::sync::watch::Sender::new(false),
             created: generation::now_unix(),
             grammars,
-            priors: spindle_engine::decide::PriorCache::new(4096),
+            priors: spindle_engine::decide::PriorCache::new(
+                spindle_engine::decide::DEFAULT_PRIOR_CACHE_BYTES,
+            ),
             props: Props::default(),
             cors: CorsOrigins::Off,
         }
@@ -128,7 +131,9 @@ pub async fn serve(
     let drain = state.drain_timeout;
     let limits = state.connections.clone();
     let stop = state.stopping.clone();
-    let app = router(Arc::new(state));
+    let state = Arc::new(state);
+    memory::spawn_housekeeping(state.clone());
+    let app = router(state);
     let (accepting, open) = connections::spawn_accept_loop(listener, app, limits, stop.subscribe());
     let name = stop_signal().await;
     eprintln!(

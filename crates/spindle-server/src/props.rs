@@ -80,13 +80,18 @@ pub struct SpecProps {
     pub mode: String,
     /// Most drafted tokens verified in one pass; `None` when off.
     pub budget: Option<usize>,
+    /// The bound of the cache of earlier outputs (`--spec-cache-mb`), in
+    /// bytes; `None` without one.
+    pub traffic_cache_bytes: Option<usize>,
 }
 
 /// `GET /props`: the server's configuration as JSON:
 /// `model` (`name` clients send, `path`, `architecture`), `context_length`,
 /// `max_seqs`, `kv` (`type`, `block_tokens`, `blocks`, `tokens`, `bytes`,
 /// `shared`, `groups`), `speculation` (`mode`, `budget`), `threads`,
-/// `tool_format`, and `build` (`version`, `isa`). Needs the API key when
+/// `tool_format`, `memory_bounds` (bytes: the bound of each part that grows
+/// with the traffic served, and `kv_pool`, allocated up front) and `build`
+/// (`version`, `isa`). Needs the API key when
 /// one is set (it names the model's path).
 pub(crate) async fn props(State(state): State<Shared>) -> Json<Value> {
     let p = &state.props;
@@ -109,6 +114,13 @@ pub(crate) async fn props(State(state): State<Shared>) -> Json<Value> {
         .speculation
         .as_ref()
         .map(|s| json!({"mode": s.mode, "budget": s.budget}));
+    let mut bounds = serde_json::Map::new();
+    for (part, bytes) in crate::memory::bounds(&state) {
+        bounds.insert(part.to_string(), json!(bytes));
+    }
+    if let Some(kv) = &p.kv {
+        bounds.insert("kv_pool".to_string(), json!(kv.bytes));
+    }
     Json(json!({
         "model": {
             "name": state.model_name,
@@ -121,6 +133,7 @@ pub(crate) async fn props(State(state): State<Shared>) -> Json<Value> {
         "speculation": speculation,
         "threads": p.threads,
         "tool_format": state.tool_format.name(),
+        "memory_bounds": bounds,
         "build": {
             "version": env!("CARGO_PKG_VERSION"),
             "isa": p.isa,

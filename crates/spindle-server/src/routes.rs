@@ -348,7 +348,7 @@ async fn models(State(state): State<Shared>) -> Json<Value> {
 async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.engine.metrics.render(&state.model_name),
+        state.engine.metrics.render(&state.model_name) + &crate::memory::render(&state),
     )
 }
 

@@ -32,9 +32,17 @@ pub struct PlanArgs {
     #[arg(long = "prefill-chunk", default_value_t = PREFILL_CHUNK as u64)]
     pub prefill_chunk: u64,
     /// Count a server's cache of earlier outputs for speculative drafts at
-    /// this bound (MiB; `serve --spec-cache-mb`, whose default is 64).
-    #[arg(long = "spec-cache-mb", default_value_t = 0)]
-    pub spec_cache_mb: u64,
+    /// this bound (MiB; `serve --spec-cache-mb`, whose default is 16).
+    #[arg(long = "spec-cache-mb")]
+    pub spec_cache_mb: Option<u64>,
+    /// Count a server's cache of decisions' content-free answers at this
+    /// bound (MiB; `serve --decide-cache-mb`, whose default is 8).
+    #[arg(long = "decide-cache-mb")]
+    pub decide_cache_mb: Option<u64>,
+    /// Plan for `spindle serve`: its caches at their default bounds unless
+    /// given above.
+    #[arg(long)]
+    pub serve: bool,
     /// Also load the model, run the plan's largest passes and print the
     /// measured peak resident memory beside the prediction (CPU, f16 or f32 KV).
     #[arg(long)]
@@ -70,7 +78,16 @@ pub fn run(args: PlanArgs) -> Result<()> {
         .max(1);
     let request = PlanRequest {
         prefill_chunk: args.prefill_chunk,
-        spec_cache_bytes: args.spec_cache_mb << 20,
+        spec_cache_bytes: mib_or_serve_default(
+            args.spec_cache_mb,
+            args.serve,
+            spindle_engine::speculative::DEFAULT_TRAFFIC_CACHE_BYTES,
+        ),
+        decide_cache_bytes: mib_or_serve_default(
+            args.decide_cache_mb,
+            args.serve,
+            spindle_engine::decide::DEFAULT_PRIOR_CACHE_BYTES,
+        ),
         ..PlanRequest::new(
             ctx,
             args.batch,
@@ -114,6 +131,16 @@ pub fn run(args: PlanArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A cache bound in bytes: `mib` as given, else the server's default when
+/// planning for `serve`, else 0 (not counted).
+fn mib_or_serve_default(mib: Option<u64>, serve: bool, default_bytes: usize) -> u64 {
+    match mib {
+        Some(m) => m << 20,
+        None if serve => default_bytes as u64,
+        None => 0,
+    }
 }
 
 /// `(predicted - measured) / measured`.

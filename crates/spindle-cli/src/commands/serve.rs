@@ -42,6 +42,16 @@ pub struct ServeArgs {
     /// Requests allowed to wait for a slot; more get 429 with Retry-After.
     #[arg(long = "max-waiting", default_value_t = 1024)]
     pub max_waiting: usize,
+    /// Log filter, as `SPINDLE_LOG` takes it (which this overrides):
+    /// `debug` adds a line per pass and, every 10 s, the memory by part
+    /// (`spindle_server::memory=debug` for that line alone); the default
+    /// shows errors and the access log.
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
+    /// Most memory (MiB) for the content-free answers `/v1/decide` keeps
+    /// between decisions (least recently used out first; 0 keeps none).
+    #[arg(long = "decide-cache-mb", default_value_t = spindle_engine::decide::DEFAULT_PRIOR_CACHE_BYTES >> 20)]
+    pub decide_cache_mb: usize,
     /// Seconds a request may take before it is cancelled.
     #[arg(long = "request-timeout", default_value_t = 600)]
     pub request_timeout: u64,
@@ -197,6 +207,7 @@ fn check_memory_with_drafts(
     let profile = spindle_plan::EngineProfile::cpu_with_threads(args.model.threads() as u64);
     let request = spindle_plan::PlanRequest {
         spec_cache_bytes: traffic,
+        decide_cache_bytes: (args.decide_cache_mb << 20) as u64,
         ..spindle_plan::PlanRequest::new(
             ctx as u64,
             args.max_seqs as u64,
@@ -300,6 +311,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         speculation: Some(SpecProps {
             mode: args.spec.spec.clone(),
             budget: tree_budget,
+            traffic_cache_bytes: traffic.map(|t| t.max_bytes),
         }),
         threads: Some(threads),
         max_seqs: Some(args.max_seqs),
@@ -357,6 +369,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.request_timeout = Duration::from_secs(args.request_timeout.max(1));
     state.drain_timeout = Duration::from_secs(args.drain_timeout);
     state.props = props;
+    state.priors = spindle_engine::decide::PriorCache::new(args.decide_cache_mb << 20);
     state.cors = cors;
     state.connections = ConnectionLimits {
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),

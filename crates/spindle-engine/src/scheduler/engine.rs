@@ -194,6 +194,7 @@ impl EngineLoop {
             self.model.screen_counts(),
             spindle_model::spare_logits_bytes(),
         );
+        m.set_memory(self.model.memory(), &self.kv);
         if let Some(t) = &self.config.drafts.traffic {
             m.set_traffic(&t.lock().unwrap_or_else(|e| e.into_inner()).stats());
         }

@@ -123,6 +123,7 @@ pub fn spawn_engine(model: Model, kv: KvCache, config: EngineConfig) -> EngineHa
         vocab_size: model.config.vocab_size,
     };
     metrics.set_pool(&kv);
+    metrics.set_memory(model.memory(), &kv);
     std::thread::Builder::new()
         .name("spindle-engine".into())
         .spawn(move || EngineLoop::new(model, kv, config, metrics, queued).run(rx))

@@ -90,6 +90,12 @@ pub struct Metrics {
     pub screen_rested: AtomicU64,
     /// Bytes of logits buffers kept for the next pass.
     pub spare_logits_bytes: AtomicU64,
+    /// What the model holds ([`spindle_model::ModelMemory`]), and the KV
+    /// pool's free blocks kept for the prefix cache.
+    pub weights_bytes: AtomicU64,
+    pub head_screen_bytes: AtomicU64,
+    pub pass_buffer_bytes: AtomicU64,
+    pub kv_prefix_cached_bytes: AtomicU64,
     pub passes: AtomicU64,
     /// Sequences preempted for KV blocks (recomputed later).
     pub preemptions: AtomicU64,
@@ -174,6 +180,35 @@ impl Metrics {
         self.screen_rested.store(s.rested, Ordering::Relaxed);
         self.spare_logits_bytes
             .store(spare_bytes as u64, Ordering::Relaxed);
+    }
+
+    /// What the model and the KV pool hold now.
+    pub(crate) fn set_memory(&self, model: spindle_model::ModelMemory, kv: &KvCache) {
+        self.weights_bytes
+            .store(model.weights as u64, Ordering::Relaxed);
+        self.head_screen_bytes
+            .store(model.head_screen as u64, Ordering::Relaxed);
+        self.pass_buffer_bytes
+            .store(model.pass_buffers as u64, Ordering::Relaxed);
+        self.kv_prefix_cached_bytes
+            .store(kv.bytes_prefix_cached() as u64, Ordering::Relaxed);
+    }
+
+    /// The engine's memory by part, in bytes, as `spindle:memory_bytes`
+    /// reports it: the KV pool (allocated up front) and, inside it, the
+    /// blocks the prefix cache keeps; the weights; the head screen; the pass
+    /// buffers; the spare logits; the traffic cache.
+    pub fn memory_parts(&self) -> Vec<(&'static str, u64)> {
+        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        vec![
+            ("weights", get(&self.weights_bytes)),
+            ("head_screen", get(&self.head_screen_bytes)),
+            ("kv_pool", get(&self.kv_capacity)),
+            ("kv_prefix_cached", get(&self.kv_prefix_cached_bytes)),
+            ("pass_buffers", get(&self.pass_buffer_bytes)),
+            ("spare_logits", get(&self.spare_logits_bytes)),
+            ("spec_traffic_cache", get(&self.traffic_bytes)),
+        ]
     }
 
     pub(crate) fn observe(&self, h: &Mutex<Histogram>, seconds: f64) {

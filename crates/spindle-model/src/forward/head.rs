@@ -92,7 +92,19 @@ impl Model {
             return Ok(built.as_ref());
         }
         let screen = self.build_screen()?;
+        // The build's transient copies (hundreds of MB for a 262k head)
+        // are freed by now; the server builds it after loading's trim.
+        crate::heap::release_freed_memory();
         Ok(self.screen.built.get_or_init(|| screen).as_ref())
+    }
+
+    /// Bytes the screen holds: 0 until it is built, and for heads it does
+    /// not screen.
+    pub(super) fn head_screen_bytes(&self) -> usize {
+        match self.screen.built.get() {
+            Some(Some(s)) => s.bytes(),
+            _ => 0,
+        }
     }
 
     fn build_screen(&self) -> Result<Option<HeadScreen>, ModelError> {

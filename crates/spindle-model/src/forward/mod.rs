@@ -25,6 +25,7 @@ use crate::weights::{FeedForward, Matrix, Weights};
 
 pub use head::{ScreenCounts, CALIBRATION_TEXT};
 pub use spare_logits::spare_bytes as spare_logits_bytes;
+pub use spare_logits::MAX_SPARE_BYTES as SPARE_LOGITS_MAX_BYTES;
 
 /// A model ready to run: configuration, weights, rope tables, threads.
 pub struct Model {
@@ -61,6 +62,31 @@ struct PassBuffers {
     up: Vec<f32>,
     hn: Vec<f32>,
     experts: experts::ExpertBuffers,
+}
+
+/// What a loaded model holds in memory, by part (`/metrics`,
+/// `spindle:memory_bytes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelMemory {
+    /// Every distinct weight tensor's bytes (a tied head counted once).
+    pub weights: usize,
+    /// The output head's screen, once built.
+    pub head_screen: usize,
+    /// The dense pass buffers kept from pass to pass (they grow to the
+    /// largest pass run, then stay).
+    pub pass_buffers: usize,
+}
+
+impl PassBuffers {
+    fn bytes(&self) -> usize {
+        [
+            &self.h, &self.xn, &self.q, &self.k, &self.v, &self.attn, &self.o, &self.gate,
+            &self.up, &self.hn,
+        ]
+        .iter()
+        .map(|v| v.capacity() * std::mem::size_of::<f32>())
+        .sum()
+    }
 }
 
 /// Logits of the rows of a pass that asked for them.
@@ -252,6 +278,29 @@ impl Model {
 
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// What the model holds in memory now, by part.
+    pub fn memory(&self) -> ModelMemory {
+        let w = &self.weights;
+        let mut seen = std::collections::HashSet::new();
+        let weights = [&w.embed, &w.output]
+            .into_iter()
+            .chain(w.layers.iter().flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .chain(l.ffn.matrices())
+            }))
+            .filter(|m| seen.insert((m.data.as_ptr(), m.data.len())))
+            .map(Matrix::n_bytes)
+            .sum();
+        let head_screen = self.head_screen_bytes();
+        let pass_buffers = self.buffers.lock().map_or(0, |b| b.bytes());
+        ModelMemory {
+            weights,
+            head_screen,
+            pass_buffers,
+        }
     }
 
     pub fn n_threads(&self) -> usize {

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 /// vocabulary, what a batch of four sequences' walks take in one pass
 /// (bench/soak held 51 MiB of spares under a 64 MiB bound, all of it on
 /// top of the steady RSS; 32 keeps the common passes without that).
-const MAX_SPARE_BYTES: usize = 32 << 20;
+pub const MAX_SPARE_BYTES: usize = 32 << 20;
 /// Most buffers kept.
 const MAX_SPARE: usize = 8;
 

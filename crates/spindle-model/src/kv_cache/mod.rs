@@ -417,6 +417,17 @@ impl KvCache {
             .sum()
     }
 
+    /// Bytes of the free blocks still held for the prefix cache (part of
+    /// the pool, which is allocated up front; reported so that an operator
+    /// can see what the cache keeps).
+    pub fn bytes_prefix_cached(&self) -> usize {
+        let per_block = self.layout.block_bytes();
+        self.groups
+            .iter()
+            .map(|g| g.pool.cached_free() * g.layers.len() * per_block)
+            .sum()
+    }
+
     /// Blocks in use and in all, over every group.
     pub fn block_usage(&self) -> BlockUsage {
         let mut u = BlockUsage::default();
