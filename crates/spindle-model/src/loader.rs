@@ -135,7 +135,12 @@ pub fn check_weights(path: &Path) -> Result<WeightsCheck, ModelError> {
 pub fn load_tokenizer(path: &Path) -> Result<(Option<Tokenizer>, Option<String>), ModelError> {
     check_exists(path)?;
     if path.is_dir() {
-        open_hf_dir(path)?;
+        // A tokenizer-only directory (tokenizer.json, and maybe
+        // tokenizer_config.json) is enough to tokenize, as a vocab-only
+        // GGUF is.
+        if !path.join("tokenizer.json").is_file() {
+            open_hf_dir(path)?;
+        }
         return Ok(split(Tokenizer::from_hf_dir(path)));
     }
     gguf_tokenizer(&GgufFile::open(path)?)
