@@ -55,32 +55,31 @@ pub fn bounds(state: &AppState) -> Vec<(&'static str, u64)> {
     bounds
 }
 
-/// `spindle:memory_bytes{part}` and `process_resident_memory_bytes`, in
-/// Prometheus text format.
+/// `spindle:memory_bytes{part}`, `spindle:memory_bound_bytes{part}` and
+/// `process_resident_memory_bytes`, in Prometheus text format.
 pub fn render(state: &AppState) -> String {
-    let model = &state.model_name;
     let mut out = String::new();
-    let name = "spindle:memory_bytes";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Memory by part: weights, head_screen, kv_pool (allocated up front; kv_prefix_cached is inside it), pass_buffers, spare_logits, spec_traffic_cache, decide_priors, the resident set just after the last periodic heap trim, and the allocator's bytes in use and free but held.\n# TYPE {name} gauge"
-    );
-    for (part, bytes) in parts(state) {
-        let _ = writeln!(
-            out,
-            "{name}{{model_name=\"{model}\",part=\"{part}\"}} {bytes}"
-        );
-    }
-    let name = "spindle:memory_bound_bytes";
-    let _ = writeln!(
-        out,
-        "# HELP {name} The bound of each part that grows with the traffic served.\n# TYPE {name} gauge"
-    );
-    for (part, bytes) in bounds(state) {
-        let _ = writeln!(
-            out,
-            "{name}{{model_name=\"{model}\",part=\"{part}\"}} {bytes}"
-        );
+    let families = [
+        (
+            "spindle:memory_bytes",
+            "Memory by part: weights, head_screen, kv_pool (allocated up front; kv_prefix_cached is inside it), pass_buffers, spare_logits, spec_traffic_cache, decide_priors, the resident set just after the last periodic heap trim, and the allocator's bytes in use and free but held.",
+            parts(state),
+        ),
+        (
+            "spindle:memory_bound_bytes",
+            "The bound of each part that grows with the traffic served.",
+            bounds(state),
+        ),
+    ];
+    for (name, help, values) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (part, bytes) in values {
+            let _ = writeln!(
+                out,
+                "{name}{{model_name=\"{}\",part=\"{part}\"}} {bytes}",
+                state.model_name
+            );
+        }
     }
     if let Some(rss) = resident_bytes() {
         let name = "process_resident_memory_bytes";
