@@ -160,6 +160,24 @@ pub struct Weights {
     pub rope_freqs: Option<Vec<f32>>,
 }
 
+impl Weights {
+    /// Bytes of every distinct matrix (a head tied to the embedding, or
+    /// any matrix shared between slots, counted once).
+    pub fn distinct_bytes(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        [&self.embed, &self.output]
+            .into_iter()
+            .chain(self.layers.iter().flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .chain(l.ffn.matrices())
+            }))
+            .filter(|m| seen.insert((m.data.as_ptr(), m.data.len())))
+            .map(Matrix::n_bytes)
+            .sum()
+    }
+}
+
 /// Where tensors come from.
 pub enum TensorSource<'a> {
     Gguf(&'a GgufFile),

@@ -45,6 +45,8 @@ pub struct Model {
     buffers: std::sync::Mutex<PassBuffers>,
     /// The output head's screen (see `head.rs`).
     screen: head::ScreenSlot,
+    /// [`Weights::distinct_bytes`], counted once at construction.
+    weights_bytes: usize,
 }
 
 /// Buffers reused from pass to pass, so a pass allocates nothing once they
@@ -201,6 +203,7 @@ impl Model {
         let ropes = tables(factors.as_deref());
         let long_ropes = long.map(|(original, f)| (original, tables(Some(&f))));
         Model {
+            weights_bytes: weights.distinct_bytes(),
             config,
             weights,
             ropes,
@@ -282,24 +285,10 @@ impl Model {
 
     /// What the model holds in memory now, by part.
     pub fn memory(&self) -> ModelMemory {
-        let w = &self.weights;
-        let mut seen = std::collections::HashSet::new();
-        let weights = [&w.embed, &w.output]
-            .into_iter()
-            .chain(w.layers.iter().flat_map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .into_iter()
-                    .chain(l.ffn.matrices())
-            }))
-            .filter(|m| seen.insert((m.data.as_ptr(), m.data.len())))
-            .map(Matrix::n_bytes)
-            .sum();
-        let head_screen = self.head_screen_bytes();
-        let pass_buffers = self.buffers.lock().map_or(0, |b| b.bytes());
         ModelMemory {
-            weights,
-            head_screen,
-            pass_buffers,
+            weights: self.weights_bytes,
+            head_screen: self.head_screen_bytes(),
+            pass_buffers: self.buffers.lock().map_or(0, |b| b.bytes()),
         }
     }
 

@@ -410,21 +410,22 @@ impl KvCache {
 
     /// Bytes of the blocks that sequences hold.
     pub fn bytes_used(&self) -> usize {
-        let per_block = self.layout.block_bytes();
-        self.groups
-            .iter()
-            .map(|g| g.pool.in_use() * g.layers.len() * per_block)
-            .sum()
+        self.bytes_of(|pool| pool.in_use())
     }
 
     /// Bytes of the free blocks still held for the prefix cache (part of
     /// the pool, which is allocated up front; reported so that an operator
     /// can see what the cache keeps).
     pub fn bytes_prefix_cached(&self) -> usize {
+        self.bytes_of(|pool| pool.cached_free())
+    }
+
+    /// Bytes of `blocks(pool)` blocks of each group, every layer of it.
+    fn bytes_of(&self, blocks: impl Fn(&BlockPool) -> usize) -> usize {
         let per_block = self.layout.block_bytes();
         self.groups
             .iter()
-            .map(|g| g.pool.cached_free() * g.layers.len() * per_block)
+            .map(|g| blocks(&g.pool) * g.layers.len() * per_block)
             .sum()
     }
 
