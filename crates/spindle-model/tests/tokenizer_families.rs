@@ -101,3 +101,148 @@ fn every_family_tokenizes_the_corpus_as_the_tokenizers_library_does() {
         failures.join("\n")
     );
 }
+
+fn vocab_gguf_dir() -> PathBuf {
+    std::env::var_os("SPINDLE_VOCAB_GGUF_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/vocab-gguf"),
+        PathBuf::from,
+    )
+}
+
+/// Strings where llama.cpp's ids are not the model's: Spindle gives the
+/// `tokenizers` library's (the ids the model was trained on) instead, and
+/// the test checks that llama.cpp really differs there, so the list cannot
+/// hide a regression. gpt-oss: llama.cpp's regex engine ends a word at a
+/// Devanagari virama (a combining mark the o200k pattern keeps in the
+/// word); and llama.cpp retypes the harmony markers (`<|start|>`,
+/// `<|message|>`, ...) as user-defined, matched even in text whose special
+/// tokens are not to be parsed, which lets untrusted text inject them.
+const LLAMA_CPP_DEVIATIONS: &[(&str, &str)] = &[
+    (
+        "gpt_oss",
+        "English, Русский, العربية, हिन\u{94d}दी, ภาษาไทย",
+    ),
+    ("gpt_oss", "<|start|>user<|message|>hi<|end|>"),
+];
+
+/// Vocabularies llama.cpp itself tokenizes differently from the model:
+/// `convert_hf_to_gguf.py` writes a Llama 2 / Mistral vocabulary that comes
+/// without `tokenizer.model` with every score at -1000, and llama.cpp's
+/// SentencePiece merger then joins the leftmost pair it can instead of the
+/// best one. Spindle ranks those merges in vocabulary order; the test
+/// reports how far each is from the `tokenizers` library and checks
+/// nothing else on them.
+const PLACEHOLDER_SCORES: &[&str] = &["llama2"];
+
+/// The same tokenizers as vocab-only GGUFs written by llama.cpp's converter
+/// (scripts/make_vocab_ggufs.py; `.ci/run` writes them into
+/// target/vocab-gguf and checks they are the files the references were made
+/// from), against `llama-tokenize`'s ids on those files
+/// (fixtures/tokenizer/vocab_gguf.json). From a GGUF, llama.cpp is the
+/// reference: where it and the `tokenizers` library disagree (Qwen's NFC
+/// normaliser, Llama 2's leading spaces), Spindle follows the format's
+/// reference, and the test counts those cases.
+#[test]
+fn every_vocab_only_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
+    let refs: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("vocab_gguf.json")).unwrap())
+            .unwrap();
+    let hf = reference();
+    let corpus: Vec<&str> = hf["corpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    let required = std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() == Some("1");
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut references_disagree = 0;
+    let mut placeholder_off = 0;
+    let mut deviations_seen = std::collections::HashSet::new();
+    for (family, f) in refs["families"].as_object().unwrap() {
+        let path = vocab_gguf_dir().join(format!("{family}.gguf"));
+        if !path.exists() {
+            let msg = format!(
+                "{family}: {} is missing (python3 scripts/make_vocab_ggufs.py)",
+                path.display()
+            );
+            assert!(!required, "{msg}");
+            eprintln!("skipped: {msg}");
+            continue;
+        }
+        // The loader `spindle tokenize -m FILE` uses: a GGUF without tensors.
+        let tok = match spindle_model::load_tokenizer(&path) {
+            Ok((Some(tok), _)) => tok,
+            Ok((None, e)) => panic!("{family}: no tokenizer in {}: {e:?}", path.display()),
+            Err(e) => panic!("{family}: {} does not load: {e}", path.display()),
+        };
+        checked += 1;
+        // BOS as the file's metadata says (llama-tokenize without --no-bos).
+        let add_bos = f["add_bos_token"].as_bool().unwrap_or(false);
+        if tok.add_bos_default() != add_bos {
+            failures.push(format!(
+                "{family}: adds BOS by default: {} != the metadata's {add_bos}",
+                tok.add_bos_default()
+            ));
+        }
+        let hello = tok
+            .encode("Hello world", tok.add_bos_default(), true)
+            .unwrap();
+        if hello != ids(&f["hello_world_default"]) {
+            failures.push(format!(
+                "{family}: \"Hello world\" with the default BOS: {hello:?} != {:?}",
+                ids(&f["hello_world_default"])
+            ));
+        }
+        let hf_cases = hf["families"][family]["cases"].as_array().unwrap();
+        for ((text, case), hf_case) in corpus
+            .iter()
+            .zip(f["cases"].as_array().unwrap())
+            .zip(hf_cases)
+        {
+            for (key, special) in [("ids", true), ("literal_ids", false)] {
+                let llama_cpp = ids(&case[key]);
+                let hf_ids = ids(&hf_case[key]);
+                let got = tok.encode(text, false, special).unwrap();
+                references_disagree += usize::from(llama_cpp != hf_ids);
+                if PLACEHOLDER_SCORES.contains(&family.as_str()) {
+                    placeholder_off += usize::from(got != hf_ids);
+                    continue;
+                }
+                let listed = LLAMA_CPP_DEVIATIONS.contains(&(family.as_str(), *text));
+                let (want, whose) = if listed && llama_cpp != hf_ids {
+                    deviations_seen.insert((family.clone(), text.to_string()));
+                    (hf_ids, "the tokenizers library's")
+                } else {
+                    (llama_cpp, "llama.cpp's")
+                };
+                if got != want {
+                    failures.push(format!(
+                        "{family} {text:?} ({key}): {got:?} != {whose} {want:?}"
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{checked} vocab-only GGUFs; llama.cpp and the tokenizers library disagree on \
+         {references_disagree} of {} encodings; on placeholder-score vocabularies \
+         {PLACEHOLDER_SCORES:?} Spindle differs from the tokenizers library on {placeholder_off}",
+        2 * corpus.len() * checked
+    );
+    for (family, text) in LLAMA_CPP_DEVIATIONS {
+        let checked_family = vocab_gguf_dir().join(format!("{family}.gguf")).exists();
+        assert!(
+            !checked_family || deviations_seen.contains(&(family.to_string(), text.to_string())),
+            "{family} {text:?}: llama.cpp agrees with the tokenizers library now; drop it from the list"
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} checks differ from llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -11,7 +11,8 @@ use crate::options::{parse_ids, read_text_arg, ModelPathArgs};
 pub struct TokenizeArgs {
     #[command(flatten)]
     pub model: ModelPathArgs,
-    /// Do not add the BOS token.
+    /// Do not add the BOS token (added by default when the model's metadata
+    /// asks for it).
     #[arg(long = "no-bos")]
     pub no_bos: bool,
     /// Treat special-token text (like `<start_of_turn>`) as plain text.
@@ -66,7 +67,9 @@ pub fn tokenize(args: TokenizeArgs) -> Result<()> {
     let tok = args.model.load_tokenizer()?;
     let ids = tok.encode(
         &text,
-        !args.no_bos && tok.bos_id().is_some(),
+        // BOS as the file says (`tokenizer.ggml.add_bos_token`), as
+        // llama-tokenize does: Qwen and gpt-oss prompts start without one.
+        !args.no_bos && tok.add_bos_default(),
         !args.no_special,
     )?;
     println!("{}", serde_json::to_string(&ids)?);

@@ -22,16 +22,28 @@ const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{
 const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// The split regex of a `tokenizer.ggml.pre` name; `None` for GPT-2's own
-/// (built into the `ByteLevel` pre-tokenizer).
-fn split_regex(pre: &str) -> Result<Option<&'static str>, ()> {
+/// DeepSeek-V3 splits in three passes: digit groups, then runs of CJK
+/// ideographs and kana, then words and punctuation.
+const DEEPSEEK3_SPLITS: &[&str] = &[
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
+/// The split regexes of a `tokenizer.ggml.pre` name, applied one after the
+/// other; `None` for GPT-2's own (built into the `ByteLevel` pre-tokenizer).
+fn split_regex(pre: &str) -> Result<Option<&'static [&'static str]>, ()> {
     Ok(Some(match pre {
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" => QWEN2_SPLIT,
-        "qwen35" => QWEN35_SPLIT,
-        "tekken" => TEKKEN_SPLIT,
-        "gpt-4o" | "llama4" | "minimax-m2" => GPT4O_SPLIT,
+        | "lfm2" | "dbrx" | "smaug-bpe" => &[LLAMA3_SPLIT],
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" => &[QWEN2_SPLIT],
+        "qwen35" => &[QWEN35_SPLIT],
+        "tekken" => &[TEKKEN_SPLIT],
+        "gpt-4o" | "llama4" | "minimax-m2" => &[GPT4O_SPLIT],
+        // llama.cpp gives these one pre-tokenizer type; DeepSeek-V3's own
+        // tokenizer is told apart from its successors by a hash, so a
+        // converter can name it after any of them.
+        "deepseek-v3" | "joyai-llm" | "hunyuan-dense" => DEEPSEEK3_SPLITS,
         "gpt-2" | "gpt2" | "default" | "" => return Ok(None),
         _ => return Err(()),
     }))
@@ -99,9 +111,14 @@ pub(crate) fn build(v: GgufVocab) -> Result<Parts, TokenizerError> {
         .map_err(backend)?;
 
     let pre_tokenizer = match split {
-        Some(regex) => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}),
+        Some(regexes) => {
+            let mut steps: Vec<_> = regexes
+                .iter()
+                .map(|r| json!({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false}))
+                .collect();
+            steps.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
+            json!({"type": "Sequence", "pretokenizers": steps})
+        }
         None => {
             json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
         }
@@ -206,8 +223,12 @@ mod tests {
 
     #[test]
     fn known_pre_tokenizers() {
-        assert_eq!(split_regex("llama-bpe"), Ok(Some(LLAMA3_SPLIT)));
-        assert_eq!(split_regex("qwen2"), Ok(Some(QWEN2_SPLIT)));
+        assert_eq!(split_regex("llama-bpe"), Ok(Some(&[LLAMA3_SPLIT][..])));
+        assert_eq!(split_regex("qwen2"), Ok(Some(&[QWEN2_SPLIT][..])));
+        assert_eq!(
+            split_regex("deepseek-v3").map(|s| s.map(<[_]>::len)),
+            Ok(Some(3))
+        );
         assert_eq!(split_regex("gpt-2"), Ok(None));
         assert_eq!(split_regex("something-new"), Err(()));
     }

@@ -102,7 +102,7 @@ impl GgufVocab {
             })
             .transpose()?;
         let id = |key: &str| id_key(&get, key, n);
-        Ok(GgufVocab {
+        let mut vocab = GgufVocab {
             model: model.to_string(),
             pre: str_key(&get, "tokenizer.ggml.pre")?.map(str::to_string),
             architecture: str_key(&get, "general.architecture")?.map(str::to_string),
@@ -120,7 +120,57 @@ impl GgufVocab {
             scores,
             token_types,
             merges,
-        })
+        };
+        vocab.retype_as_llama_cpp_does();
+        Ok(vocab)
+    }
+
+    /// llama.cpp retypes some tokens by their text when it loads a
+    /// vocabulary, and GGUF files are written for llama.cpp, so Spindle does
+    /// the same: end-of-turn and end-of-generation tokens that a converter
+    /// left `NORMAL` become `CONTROL` (Qwen's `</s>`), except `</s>` in
+    /// vocabularies whose turns end otherwise. (llama.cpp also makes
+    /// gpt-oss's harmony markers user-defined, which matches them in
+    /// untrusted text; Spindle keeps them control tokens.)
+    fn retype_as_llama_cpp_does(&mut self) {
+        const END_OF_GENERATION: &[&str] = &[
+            "<|eot_id|>",
+            "<|im_end|>",
+            "<|end|>",
+            "<|return|>",
+            "<|call|>",
+            "<|flush|>",
+            "<|calls|>",
+            "<end_of_turn>",
+            "<|endoftext|>",
+            "</s>",
+            "<|eom_id|>",
+            "<EOT>",
+            "_<EOT>",
+            "[EOT]",
+            "[EOS]",
+            "<|end_of_text|>",
+            "<end_of_utterance>",
+            "<eos>",
+            "<turn|>",
+            "<|tool_response>",
+            "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+            "[e~[",
+        ];
+        let Some(types) = self.token_types.as_mut() else {
+            return;
+        };
+        let plain_s = self
+            .tokens
+            .iter()
+            .any(|x| x == "<|tool_response>" || x == "<|plamo:eos|>");
+        for (text, t) in self.tokens.iter().zip(types.iter_mut()) {
+            if plain_s && text == "</s>" {
+                *t = token_type::NORMAL;
+            } else if END_OF_GENERATION.contains(&text.as_str()) && *t != token_type::UNUSED {
+                *t = token_type::CONTROL;
+            }
+        }
     }
 
     /// The type of token `id` ([`token_type::NORMAL`] when the file has none).
