@@ -32,6 +32,8 @@ the SentencePiece vocabulary; Spindle's tests check that one on the real
 model file).
 """
 
+from __future__ import annotations
+
 import argparse
 import hashlib
 import json
@@ -115,7 +117,10 @@ def llama_cpp_source(given: str | None) -> Path:
             if len(parts) == 3 and parts[1] == "llama.cpp" and parts[2].startswith(wanted):
                 m.name = "llama.cpp/" + parts[2]
                 members.append(m)
-        t.extractall(dest, members=members, filter="data")
+        try:
+            t.extractall(dest, members=members, filter="data")
+        except TypeError:  # Python before 3.11.4 / 3.10.12 has no filters
+            t.extractall(dest, members=members)
     tarball.unlink()
     return src
 
