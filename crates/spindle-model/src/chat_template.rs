@@ -2,21 +2,25 @@
 //!
 //! Templates are Jinja, rendered with minijinja under Hugging Face's
 //! conventions: `trim_blocks` and `lstrip_blocks`, the variables `messages`,
-//! `add_generation_prompt`, `bos_token`, `eos_token` and `tools` (the
-//! functions a model may call, `none` when there are none), the functions
-//! `raise_exception(msg)` and `strftime_now(fmt)`, a `tojson` filter that
-//! writes JSON as Python's `json.dumps` does, and Python string and dict
-//! methods (`.strip()`, `.startswith()`, `.split()`, `.items()`, ...).
+//! `add_generation_prompt`, `bos_token`, `eos_token`, `tools` (the
+//! functions a model may call, `none` when there are none), `documents`
+//! and any further keyword arguments, the functions `raise_exception(msg)`
+//! and `strftime_now(fmt)` (on a clock [`ChatTemplate::set_clock`] can
+//! fix), a `tojson` filter that writes JSON as Python's `json.dumps` does
+//! (floats included), and Python string and dict methods (`.strip()`,
+//! `.startswith()`, `.split()`, `.items()`, ...). Real templates render as
+//! `transformers` renders them (tests/chat_template_families.rs).
 //!
 //! A rendered prompt often starts with the BOS token's text (Gemma's and
 //! Llama 3's templates write `{{ bos_token }}`): encode it with
 //! [`Tokenizer::encode_chat_prompt`], which parses special tokens and adds
 //! BOS only when the text does not already start with it.
 
+use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::value::{Kwargs, Value};
-use minijinja::{context, Environment, Error, ErrorKind};
+use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::tokenizer::Tokenizer;
@@ -170,25 +174,58 @@ impl ChatTemplate {
         bos_token: &str,
         eos_token: &str,
     ) -> Result<String, TemplateError> {
+        self.render_with_kwargs(
+            messages,
+            tools,
+            add_generation_prompt,
+            Some(bos_token),
+            Some(eos_token),
+            &serde_json::Map::new(),
+        )
+    }
+
+    /// The most general render, as `transformers`' `apply_chat_template`
+    /// calls a template: a token the tokenizer lacks is left undefined (not
+    /// an empty string), `documents` is `none`, and `kwargs` are further
+    /// variables (`enable_thinking`, `reasoning_effort`, `date_string`,
+    /// ...), which may replace the token texts but not the conversation.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         let template = self
             .env
             .get_template(NAME)
             .map_err(|e| TemplateError::Render(describe(&e)))?;
-        template
-            .render(context! {
-                messages => messages,
-                tools => tools,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => bos_token,
-                eos_token => eos_token,
-            })
-            .map_err(|e| {
-                let text = describe(&e);
-                match find_raised(&e) {
-                    Some(msg) => TemplateError::Raised(msg),
-                    None => TemplateError::Render(text),
-                }
-            })
+        let mut vars: BTreeMap<String, Value> = BTreeMap::new();
+        if let Some(bos) = bos_token {
+            vars.insert("bos_token".into(), Value::from(bos));
+        }
+        if let Some(eos) = eos_token {
+            vars.insert("eos_token".into(), Value::from(eos));
+        }
+        for (k, v) in kwargs {
+            vars.insert(k.clone(), Value::from_serialize(v));
+        }
+        vars.insert("messages".into(), Value::from_serialize(messages));
+        vars.insert("tools".into(), Value::from_serialize(tools));
+        vars.insert("documents".into(), Value::from(()));
+        vars.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        template.render(Value::from(vars)).map_err(|e| {
+            let text = describe(&e);
+            match find_raised(&e) {
+                Some(msg) => TemplateError::Raised(msg),
+                None => TemplateError::Render(text),
+            }
+        })
     }
 
     /// [`ChatTemplate::render`] with `tokenizer`'s BOS and EOS texts.
@@ -209,13 +246,46 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        self.render_with_tools(
+        self.render_kwargs_for(
+            tokenizer,
             messages,
             tools,
             add_generation_prompt,
-            tokenizer.bos_token().as_deref().unwrap_or(""),
-            tokenizer.eos_token().as_deref().unwrap_or(""),
+            &serde_json::Map::new(),
         )
+    }
+
+    /// [`ChatTemplate::render_with_kwargs`] with `tokenizer`'s BOS and EOS
+    /// texts (undefined where it has none, as in `transformers`).
+    pub fn render_kwargs_for(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
+        self.render_with_kwargs(
+            messages,
+            tools,
+            add_generation_prompt,
+            tokenizer.bos_token().as_deref(),
+            tokenizer.eos_token().as_deref(),
+            kwargs,
+        )
+    }
+
+    /// Sets the clock `strftime_now` reads: `Some(unix seconds)` for a fixed
+    /// time (reproducible prompts, tests), `None` for the current time.
+    pub fn set_clock(&mut self, unix_secs: Option<i64>) {
+        match unix_secs {
+            Some(secs) => self
+                .env
+                .add_function("strftime_now", move |format: String| {
+                    strftime(secs, &format)
+                }),
+            None => self.env.add_function("strftime_now", strftime_now),
+        }
     }
 }
 
@@ -352,6 +422,10 @@ fn py_json(
             out.push('}');
         }
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Number if !v.is_integer() => {
+            let x = f64::try_from(v.clone())?;
+            out.push_str(&py_float(x));
+        }
         _ => {
             let json = serde_json::to_string(v)
                 .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
@@ -359,6 +433,43 @@ fn py_json(
         }
     }
     Ok(())
+}
+
+/// A float as Python's `repr` (and so `json.dumps`) writes it: the shortest
+/// digits that read back, in positional form for exponents from -4 to 15
+/// (`2.0`, `0.0001`), else scientific with a signed two-digit exponent
+/// (`1e-05`, `1.5e+16`); `NaN` and `Infinity` as `json.dumps` allows them.
+fn py_float(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    // Rust's `{:e}` gives the same shortest digits: `d[.ddd]e[-]x`.
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("{:e} has an integer exponent");
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let sign = if x.is_sign_negative() { "-" } else { "" };
+    if (-4..16).contains(&exp) {
+        let point = exp + 1;
+        let body = if point <= 0 {
+            format!("0.{}{digits}", "0".repeat((-point) as usize))
+        } else if point as usize >= digits.len() {
+            format!("{digits}{}.0", "0".repeat(point as usize - digits.len()))
+        } else {
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
+        };
+        format!("{sign}{body}")
+    } else {
+        let exp_sign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{mantissa}e{exp_sign}{:02}", exp.abs())
+    }
 }
 
 /// `strftime_now(format)`: the current UTC time, for templates that print
@@ -532,6 +643,28 @@ mod tests {
     fn builtins_compile() {
         for source in [GEMMA, CHATML, LLAMA3, MISTRAL] {
             ChatTemplate::new(source).unwrap();
+        }
+    }
+
+    #[test]
+    fn floats_as_python_writes_them() {
+        let cases = [
+            (2.0, "2.0"),
+            (0.25, "0.25"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1e20, "1e+20"),
+            (1.5e16, "1.5e+16"),
+            (1e15, "1000000000000000.0"),
+            (123.456, "123.456"),
+            (-0.0, "-0.0"),
+            (-2.5e-7, "-2.5e-07"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (f64::INFINITY, "Infinity"),
+        ];
+        for (x, want) in cases {
+            assert_eq!(py_float(x), want, "{x}");
         }
     }
 

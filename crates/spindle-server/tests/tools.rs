@@ -53,6 +53,10 @@ fn formats_are_recognised_from_the_template() {
     assert_eq!(format_for("<tool_call>").name(), "hermes");
     assert_eq!(format_for("[TOOL_CALLS]").name(), "mistral");
     assert_eq!(format_for("<|python_tag|>").name(), "llama3-json");
+    assert_eq!(
+        format_for("<|channel|>commentary <|call|>").name(),
+        "harmony"
+    );
     assert_eq!(format_for("nothing known").name(), "generic-json");
     // A template that never reads `tools` gets the generic format.
     let plain = ChatTemplate::builtin("chatml").unwrap();
@@ -361,6 +365,22 @@ fn call_grammars_accept_exactly_valid_calls() {
         &mistral,
         r#"[TOOL_CALLS] [{"name": "now", "arguments": {}}]"#
     ));
+    let harmony = format_for("<|channel|> <|call|>");
+    let weather = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Lima\"}";
+    assert!(grammar_accepts(&named, &harmony, weather));
+    assert!(grammar_accepts(
+        &required,
+        &harmony,
+        "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}"
+    ));
+    for bad in [
+        "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}",
+        "<|channel|>final<|message|>Sunny.",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"town\": \"Lima\"}",
+    ] {
+        assert!(!grammar_accepts(&named, &harmony, bad), "{bad}");
+    }
+    assert_eq!(parse_reply(&harmony, weather, &names()).unwrap().len(), 1);
     // What each grammar accepts reads back as calls.
     assert_eq!(parse_reply(&generic, two, &names()).unwrap().len(), 2);
     assert_eq!(parse_reply(&hermes, block, &names()).unwrap().len(), 1);

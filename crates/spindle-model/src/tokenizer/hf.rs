@@ -95,16 +95,17 @@ pub(crate) fn build(dir: &Path) -> Result<Parts, TokenizerError> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
 
-    let chat_template = match template_of(config.get("chat_template")) {
-        Some(t) => Some(t),
-        None => {
-            let jinja = dir.join("chat_template.jinja");
-            if jinja.is_file() {
-                Some(read(&jinja)?)
-            } else {
-                read_json(dir.join("chat_template.json"))?
-                    .and_then(|v| template_of(v.get("chat_template")))
-            }
+    // `chat_template.jinja` first: transformers lets it replace the one in
+    // `tokenizer_config.json` (a model updated by a new file keeps the old
+    // field).
+    let jinja = dir.join("chat_template.jinja");
+    let chat_template = if jinja.is_file() {
+        Some(read(&jinja)?)
+    } else {
+        match template_of(config.get("chat_template")) {
+            Some(t) => Some(t),
+            None => read_json(dir.join("chat_template.json"))?
+                .and_then(|v| template_of(v.get("chat_template"))),
         }
     };
 

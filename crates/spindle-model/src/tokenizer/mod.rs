@@ -273,6 +273,8 @@ const END_OF_TURN_TOKENS: &[&str] = &[
     "<|endoftext|>",
     "<|end|>",
     "<|return|>",
+    // gpt-oss ends a turn that calls a function with it.
+    "<|call|>",
     "</s>",
     "<eos>",
 ];

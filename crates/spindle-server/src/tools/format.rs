@@ -1,7 +1,8 @@
 //! How a model writes tool calls: the format its chat template teaches
 //! (Hermes/Qwen `<tool_call>` blocks, Llama 3.x JSON calls, Mistral
-//! `[TOOL_CALLS]`), or Spindle's generic JSON form for templates without
-//! tools, and the grammar that makes a required call valid in that format.
+//! `[TOOL_CALLS]`, gpt-oss's harmony messages to `functions.NAME`), or
+//! Spindle's generic JSON form for templates without tools, and the grammar
+//! that makes a required call valid in that format.
 
 use serde_json::{json, Value};
 use spindle_engine::constraint::Grammar;
@@ -39,6 +40,17 @@ impl Marker {
     }
 }
 
+/// The special tokens that frame gpt-oss's messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HarmonyMarkers {
+    pub start: Marker,
+    pub channel: Marker,
+    pub constrain: Marker,
+    pub message: Marker,
+    pub call: Marker,
+    pub end: Marker,
+}
+
 /// The call format of one model.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolFormat {
@@ -50,6 +62,13 @@ pub enum ToolFormat {
     Llama3 { python_tag: Marker },
     /// Mistral: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`.
     Mistral { marker: Marker },
+    /// gpt-oss (harmony): a message to the function, its name in the
+    /// header and its arguments the body:
+    /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`
+    /// as the model writes it, or `to=functions.NAME<|channel|>commentary
+    /// json<|message|>{...}<|call|>` as the template writes past calls (after
+    /// `<|start|>assistant`). Analysis messages before the call are dropped.
+    Harmony(Box<HarmonyMarkers>),
     /// Spindle's own, for templates without tools: the reply is only
     /// `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`.
     Generic,
@@ -69,6 +88,16 @@ impl ToolFormat {
                 open: Marker::new(tokenizer, "<tool_call>"),
                 close: Marker::new(tokenizer, "</tool_call>"),
             }
+        } else if src.contains("<|channel|>") && src.contains("<|call|>") {
+            let m = |text| Marker::new(tokenizer, text);
+            ToolFormat::Harmony(Box::new(HarmonyMarkers {
+                start: m("<|start|>"),
+                channel: m("<|channel|>"),
+                constrain: m("<|constrain|>"),
+                message: m("<|message|>"),
+                call: m("<|call|>"),
+                end: m("<|end|>"),
+            }))
         } else if src.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral {
                 marker: Marker::new(tokenizer, "[TOOL_CALLS]"),
@@ -93,6 +122,7 @@ impl ToolFormat {
             ToolFormat::Hermes { .. } => "hermes",
             ToolFormat::Llama3 { .. } => "llama3-json",
             ToolFormat::Mistral { .. } => "mistral",
+            ToolFormat::Harmony(_) => "harmony",
             ToolFormat::Generic => "generic-json",
         }
     }
@@ -100,16 +130,38 @@ impl ToolFormat {
     /// The text of marker token `id`, which decoding leaves out of the text
     /// (a special token); `None` for any other token.
     pub fn special_marker(&self, id: u32) -> Option<&str> {
-        let markers: &[&Marker] = match self {
-            ToolFormat::Hermes { open, close } => &[open, close],
-            ToolFormat::Llama3 { python_tag } => &[python_tag],
-            ToolFormat::Mistral { marker } => &[marker],
-            ToolFormat::Generic => &[],
-        };
-        markers
-            .iter()
+        self.markers()
+            .into_iter()
             .find(|m| m.special_id == Some(id))
             .map(|m| m.text.as_str())
+    }
+
+    fn markers(&self) -> Vec<&Marker> {
+        match self {
+            ToolFormat::Hermes { open, close } => vec![open, close],
+            ToolFormat::Llama3 { python_tag } => vec![python_tag],
+            ToolFormat::Mistral { marker } => vec![marker],
+            ToolFormat::Harmony(h) => vec![
+                &h.start,
+                &h.channel,
+                &h.constrain,
+                &h.message,
+                &h.call,
+                &h.end,
+            ],
+            ToolFormat::Generic => Vec::new(),
+        }
+    }
+
+    /// `text` less the special markers put back by id, as decoding gives it.
+    pub fn without_markers(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for m in self.markers() {
+            if m.special_id.is_some() {
+                out = out.replace(m.text.as_str(), "");
+            }
+        }
+        out
     }
 
     /// How a reply that holds calls begins (after white space).
@@ -118,8 +170,17 @@ impl ToolFormat {
             ToolFormat::Hermes { open, .. } => vec![open.text.as_str()],
             ToolFormat::Llama3 { python_tag } => vec![python_tag.text.as_str(), "{"],
             ToolFormat::Mistral { marker } => vec![marker.text.as_str()],
+            // Every harmony message opens with `<|channel|>`: only one to a
+            // function is held back as a call.
+            ToolFormat::Harmony(_) => vec![HARMONY_CALL, "to=functions."],
             ToolFormat::Generic => vec!["{"],
         }
+    }
+
+    /// Whether the markers frame text replies too (harmony's channels), so
+    /// that text must be read without them, as decoding leaves them out.
+    pub fn marks_text(&self) -> bool {
+        matches!(self, ToolFormat::Harmony(_))
     }
 
     /// The key of a call's arguments in this format.
@@ -169,9 +230,31 @@ impl ToolFormat {
                 marker.lark(),
                 lark_json(list(call))
             )),
+            // One message per call (`<|call|>` ends the turn): the name in
+            // the header, the schema of that function's arguments after it.
+            ToolFormat::Harmony(h) => {
+                let calls: Vec<String> = functions
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{} {} {} \"json\" {} %json {}",
+                            h.channel.lark(),
+                            serde_json::to_string(&format!("commentary to=functions.{} ", f.name))
+                                .expect("a string serializes"),
+                            h.constrain.lark(),
+                            h.message.lark(),
+                            lark_json(closed(f.parameters.clone()))
+                        )
+                    })
+                    .collect();
+                Grammar::Lark(format!("start: {}\n", calls.join(" | ")))
+            }
         }
     }
 }
+
+/// How a model's harmony call opens.
+const HARMONY_CALL: &str = "<|channel|>commentary to=functions.";
 
 /// One call of any of `functions`: `{"name": <const>, <key>: <schema>}`.
 fn call_schema(functions: &[&Function], key: &str) -> Value {

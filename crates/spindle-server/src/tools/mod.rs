@@ -19,7 +19,7 @@ use spindle_model::chat_template::ChatMessage;
 use crate::error::ApiError;
 use crate::openai::{ChatMessageIn, Content, SamplingFields};
 
-pub use format::{Marker, ToolFormat};
+pub use format::{HarmonyMarkers, Marker, ToolFormat};
 pub use reply::{parse_reply, ParsedCall, ReplyEnd, ReplyWatch, Watch};
 
 /// A function the model may call.

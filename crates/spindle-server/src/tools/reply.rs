@@ -4,9 +4,9 @@
 //! back only while it may still turn out to be calls, so streamed and
 //! whole replies read the same.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use super::format::ToolFormat;
+use super::format::{HarmonyMarkers, ToolFormat};
 
 /// One call of a reply, as the API returns it.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,8 +70,61 @@ pub fn parse_reply(format: &ToolFormat, text: &str, names: &[String]) -> Option<
                 .as_array()?
                 .clone()
         }
+        ToolFormat::Harmony(h) => harmony_calls(h, text)?,
     };
     calls_of(objects, key, names, format)
+}
+
+/// The calls of a harmony reply, as `{"name", "arguments"}` objects: each
+/// message `HEADER<|message|>BODY` ends at `<|call|>`, `<|end|>` or the
+/// reply's end (a stop token is not in the text), and the next begins with
+/// `<|start|>assistant`. Analysis messages are passed over; any other
+/// message (text for the user) makes the reply text.
+fn harmony_calls(h: &HarmonyMarkers, text: &str) -> Option<Vec<Value>> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    loop {
+        let (header, after) = rest.split_once(h.message.text.as_str())?;
+        let ends = [h.call.text.as_str(), h.end.text.as_str()];
+        let (body, next) = ends
+            .iter()
+            .filter_map(|e| after.find(e).map(|i| (i, e.len())))
+            .min()
+            .map_or((after, ""), |(i, n)| (&after[..i], &after[i + n..]));
+        let (channel, recipient) = harmony_header(h, header);
+        match recipient.and_then(|r| r.strip_prefix("functions.")) {
+            Some(name) => calls.push(json!({
+                "name": name,
+                "arguments": serde_json::from_str::<Value>(body.trim()).ok()?,
+            })),
+            None if channel == Some("analysis") => {}
+            None => return None,
+        }
+        let next = next.trim_start();
+        if next.is_empty() {
+            return Some(calls);
+        }
+        rest = next
+            .strip_prefix(h.start.text.as_str())?
+            .trim_start()
+            .strip_prefix("assistant")?;
+    }
+}
+
+/// A harmony header's channel (`<|channel|>NAME`) and recipient
+/// (`to=NAME`), in whichever order they come.
+fn harmony_header<'a>(h: &HarmonyMarkers, header: &'a str) -> (Option<&'a str>, Option<&'a str>) {
+    let word = |s: &'a str| {
+        let end = s
+            .find(|c: char| c.is_whitespace() || c == '<')
+            .unwrap_or(s.len());
+        Some(&s[..end]).filter(|w| !w.is_empty())
+    };
+    let channel = header
+        .split_once(h.channel.text.as_str())
+        .and_then(|(_, c)| word(c));
+    let recipient = header.split_once("to=").and_then(|(_, r)| word(r));
+    (channel, recipient)
 }
 
 /// Each object as a call: a known `name`, object arguments under `key`.
@@ -196,6 +249,7 @@ impl CallScan {
                     _ => vec![python_tag.text.as_str()],
                 },
                 (ToolFormat::Hermes { open, .. }, false) => vec![open.text.as_str()],
+                (ToolFormat::Harmony(h), _) => return self.advance_harmony(h, text),
                 (ToolFormat::Generic | ToolFormat::Mistral { .. }, true) => {
                     if let Lit::Yes(_) = lit(rest, "]") {
                         self.over = true;
@@ -238,6 +292,50 @@ impl CallScan {
                     return;
                 }
             }
+        }
+    }
+
+    /// [`CallScan::advance`] for harmony: a call is its header (up to
+    /// `<|message|>`, the name in it) and its arguments; `<|call|>` ends the
+    /// turn, so one call is all a reply holds.
+    fn advance_harmony(&mut self, h: &HarmonyMarkers, text: &str) {
+        if self.over {
+            return;
+        }
+        if self.opened {
+            // After the call only its `<|call|>` may follow.
+            let rest = text[self.pos..].trim_start();
+            if !h.call.text.starts_with(rest) && !rest.starts_with(h.call.text.as_str()) {
+                self.over = true;
+            }
+            return;
+        }
+        let rest = &text[self.pos..];
+        let Some((header, _)) = rest.split_once(h.message.text.as_str()) else {
+            return;
+        };
+        let Some(name) = harmony_header(h, header)
+            .1
+            .and_then(|r| r.strip_prefix("functions."))
+        else {
+            self.over = true;
+            return;
+        };
+        let start = self.pos + header.len() + h.message.text.len();
+        let args = text[start..].trim_start();
+        let start = text.len() - args.len();
+        let mut values = serde_json::Deserializer::from_str(args).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(v)) if v.is_object() => {
+                self.calls.push(json!({"name": name, "arguments": v}));
+                self.pos = start + values.byte_offset();
+                self.opened = true;
+                self.pending = None;
+            }
+            // The arguments are still being written.
+            Some(Err(e)) if e.is_eof() => {}
+            None => {}
+            Some(_) => self.over = true,
         }
     }
 }
@@ -322,8 +420,11 @@ impl ReplyWatch {
     /// Takes the text of one token (`id`, for the special markers decoding
     /// leaves out); returns the text that can go to the client now.
     pub fn push(&mut self, id: Option<u32>, text: &str) -> String {
+        let text_plain = self.state == Watch::Text && self.format.marks_text();
         if let Some(m) = id.and_then(|id| self.format.special_marker(id)) {
-            self.held.push_str(m);
+            if !text_plain {
+                self.held.push_str(m);
+            }
         }
         self.held.push_str(text);
         match self.state {
@@ -346,9 +447,20 @@ impl ReplyWatch {
                     String::new()
                 } else {
                     self.state = Watch::Text;
-                    std::mem::take(&mut self.held)
+                    let held = std::mem::take(&mut self.held);
+                    self.without_markers(&held)
                 }
             }
+        }
+    }
+
+    /// Held text that turned out not to be calls, as decoding gives it
+    /// where the format's markers frame text too ([`ToolFormat::marks_text`]).
+    fn without_markers(&self, text: &str) -> String {
+        if self.format.marks_text() {
+            self.format.without_markers(text)
+        } else {
+            text.to_string()
         }
     }
 
@@ -398,7 +510,7 @@ impl ReplyWatch {
             }
         }
         ReplyEnd {
-            text: held,
+            text: self.without_markers(&held),
             calls: Vec::new(),
             cut: false,
         }
