@@ -157,7 +157,8 @@ def llama_tokenize(binary: str, gguf: Path, text: str, parse_special: bool, bos:
 
 
 def gguf_fields(src: Path, gguf: Path) -> dict:
-    sys.path[:0] = [str(src / "gguf-py")]
+    if str(src / "gguf-py") not in sys.path:
+        sys.path.insert(0, str(src / "gguf-py"))
     import gguf as g
     r = g.GGUFReader(str(gguf))
     out = {}

@@ -133,30 +133,23 @@ impl GgufVocab {
     /// gpt-oss's harmony markers user-defined, which matches them in
     /// untrusted text; Spindle keeps them control tokens.)
     fn retype_as_llama_cpp_does(&mut self) {
-        const END_OF_GENERATION: &[&str] = &[
-            "<|eot_id|>",
-            "<|im_end|>",
-            "<|end|>",
-            "<|return|>",
-            "<|call|>",
+        // llama.cpp's end-of-generation texts beyond Spindle's own stops.
+        const MORE_END_OF_GENERATION: &[&str] = &[
             "<|flush|>",
             "<|calls|>",
-            "<end_of_turn>",
-            "<|endoftext|>",
-            "</s>",
-            "<|eom_id|>",
             "<EOT>",
             "_<EOT>",
             "[EOT]",
             "[EOS]",
-            "<|end_of_text|>",
             "<end_of_utterance>",
-            "<eos>",
             "<turn|>",
             "<|tool_response>",
             "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
             "[e~[",
         ];
+        let ends_generation = |text: &str| {
+            super::END_OF_TURN_TOKENS.contains(&text) || MORE_END_OF_GENERATION.contains(&text)
+        };
         let Some(types) = self.token_types.as_mut() else {
             return;
         };
@@ -167,7 +160,7 @@ impl GgufVocab {
         for (text, t) in self.tokens.iter().zip(types.iter_mut()) {
             if plain_s && text == "</s>" {
                 *t = token_type::NORMAL;
-            } else if END_OF_GENERATION.contains(&text.as_str()) && *t != token_type::UNUSED {
+            } else if ends_generation(text) && *t != token_type::UNUSED {
                 *t = token_type::CONTROL;
             }
         }

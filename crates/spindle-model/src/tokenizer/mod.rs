@@ -263,8 +263,9 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 /// Texts of end-of-turn tokens that stop generation when the vocabulary has
-/// them as special tokens.
-const END_OF_TURN_TOKENS: &[&str] = &[
+/// them as special tokens (a GGUF's are made special when it has them, see
+/// `GgufVocab::retype_as_llama_cpp_does`).
+pub(crate) const END_OF_TURN_TOKENS: &[&str] = &[
     "<end_of_turn>",
     "<|im_end|>",
     "<|eot_id|>",
