@@ -83,6 +83,16 @@ impl Storage {
     /// per token; with 4 KiB file pages that costs a TLB miss every 4 KiB,
     /// with 2 MiB pages almost none (see docs/PERF.md).
     pub fn resident_copy(bytes: &[u8], path: Option<&Path>) -> Result<Storage, FormatError> {
+        Storage::resident_copy_with(bytes, path, |_| {})
+    }
+
+    /// [`Storage::resident_copy`], with `rewrite` given the copy's bytes
+    /// before they become read-only (a loader reorders weights there).
+    pub fn resident_copy_with(
+        bytes: &[u8],
+        path: Option<&Path>,
+        rewrite: impl FnOnce(&mut [u8]),
+    ) -> Result<Storage, FormatError> {
         let io = |source| FormatError::Io {
             path: path.map_or_else(PathBuf::new, Path::to_path_buf),
             source,
@@ -107,6 +117,7 @@ impl Storage {
             }
             None => map[..bytes.len()].copy_from_slice(bytes),
         }
+        rewrite(&mut map[..bytes.len()]);
         let map = map.make_read_only().map_err(io)?;
         Ok(Storage {
             inner: Inner::Mmap(map),

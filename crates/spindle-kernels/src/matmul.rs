@@ -30,6 +30,7 @@ use crate::error::KernelError;
 use crate::quant::decoded::{self, ByDecode};
 use crate::quant::multi_row::{self, ActGroup, PackActsFn, QuantJob, QuantRangeFn, MR};
 use crate::quant::q8_act::{ActFormat, ActRounding, ActRow, QuantizedActs};
+use crate::quant::vertical::{from_vertical, vertical_supported, WeightLayout};
 use crate::quant::{block32, checked_bytes, float, q4_0, q4_k, q5_0, q5_k, q6_k, q8_0};
 use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs};
 use crate::quant::{iq4_nl, iq4_xs, mxfp4, q1_0, q2_0, q2_k, q3_k, q4_1, q5_1, tq1_0, tq2_0};
@@ -49,6 +50,8 @@ pub struct WeightView<'a> {
     /// Input features (a multiple of the type's block length).
     pub cols: usize,
     pub data: &'a [u8],
+    /// How `data` is ordered (the file's order unless rewritten at load).
+    pub layout: WeightLayout,
 }
 
 impl<'a> WeightView<'a> {
@@ -65,9 +68,16 @@ impl<'a> WeightView<'a> {
             rows,
             cols,
             data,
+            layout: WeightLayout::Gguf,
         };
         w.validate()?;
         Ok(w)
+    }
+
+    /// The same matrix, its bytes in `layout` (checked by `matmul`: a
+    /// vertical matrix must be one [`vertical_supported`] allows).
+    pub fn with_layout(self, layout: WeightLayout) -> Self {
+        WeightView { layout, ..self }
     }
 
     /// Bytes per row: `ty.bytes_for(cols)`. Meaningful once validated (0 when
@@ -81,6 +91,12 @@ impl<'a> WeightView<'a> {
         let total = row_bytes
             .checked_mul(self.rows)
             .ok_or_else(|| KernelError::unsupported("weight matrix size overflows"))?;
+        if self.layout == WeightLayout::Vertical && !vertical_supported(self.ty, self.cols) {
+            return Err(KernelError::unsupported(format!(
+                "vertical layout for {} rows of {}",
+                self.ty, self.cols
+            )));
+        }
         if self.data.len() != total {
             return Err(KernelError::size(
                 format!("{} weight bytes ({} x {})", self.ty, self.rows, self.cols),
@@ -158,6 +174,20 @@ pub fn matmul_with(
         out.fill(0.0);
         return Ok(());
     }
+    let vertical = match w.layout {
+        WeightLayout::Gguf => None,
+        WeightLayout::Vertical => match vertical_kernel(w.ty, isa, rounding) {
+            Some(k) => Some(k),
+            None => {
+                // Only the VNNI kernel reads the layout: the others get the
+                // file's bytes back (slow, exact).
+                let mut gguf = vec![0u8; w.data.len()];
+                from_vertical(w.ty, w.cols, w.data, &mut gguf)?;
+                let w = WeightView::new(w.ty, w.rows, w.cols, &gguf)?;
+                return matmul_with(isa, rounding, &w, x, n, out, pool);
+            }
+        },
+    };
 
     let shape = Shape {
         rows: w.rows,
@@ -199,6 +229,10 @@ pub fn matmul_with(
         }
         Kernel::Quant(format, one_row, multi) => {
             let format = rounding.format_for(w.ty).unwrap_or(format);
+            let (one_row_packed, multi) = match vertical {
+                Some((one, multi)) => (Some(one), multi),
+                None => (None, multi),
+            };
             with_scratch(
                 &ACTS,
                 QuantizedActs::new,
@@ -206,13 +240,17 @@ pub fn matmul_with(
                     acts.quantize_with_isa(isa, format, x, n, w.cols)?;
                     let acts = &*acts;
                     let out = OutPtr::new(out);
-                    if !multi_rows {
+                    if !multi_rows && one_row_packed.is_none() {
                         run_split(pool, &shape, w.data.len(), &|r0, r1| {
                             quant_range(one_row, w.data, &shape, acts, &out, r0, r1)
                         });
                         return Ok(());
                     }
                     with_scratch(&PACKED, Vec::new, |packed| {
+                        let multi = match one_row_packed {
+                            Some(one) if !multi_rows => one,
+                            _ => multi,
+                        };
                         if let Some(pack) = multi.pack {
                             // SAFETY: `pack` is only set for ISAs checked above.
                             unsafe { pack(acts, packed) };
@@ -226,6 +264,16 @@ pub fn matmul_with(
                             packed,
                             out: &out,
                         };
+                        if !multi_rows {
+                            // A one-row kernel that reads packed activations
+                            // (vertical weights): split by weight rows.
+                            run_split(pool, &shape, w.data.len(), &|r0, r1| {
+                                // SAFETY: as below; each call owns outputs
+                                // r0..r1 of the one activation row.
+                                unsafe { (multi.range)(&job, r0, r1, 0, 1) }
+                            });
+                            return;
+                        }
                         let act_row_bytes = multi_row::packed_row_bytes(w.cols);
                         run_split_multi(
                             pool,
@@ -303,6 +351,52 @@ struct QuantMulti {
 enum Kernel {
     Float(FloatRowsFn, float::FloatRangeFn),
     Quant(ActFormat, QuantRowsFn, QuantMulti),
+}
+
+/// The one-row and multi-row kernels that read weights of `ty` in the
+/// vertical layout on `isa` with activations rounded as `rounding` says, if
+/// there are: the VNNI kernels with Block32 activations.
+fn vertical_kernel(
+    ty: GgmlType,
+    isa: Isa,
+    rounding: ActRounding,
+) -> Option<(QuantMulti, QuantMulti)> {
+    if rounding.format_for(ty) != Some(ActFormat::Block32) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni {
+        use q4_0::Q4_0;
+        use q4_k::Q4K;
+        use q5_0::Q5_0;
+        use q5_k::Q5K;
+        use q6_k::Q6K;
+        use q8_0::Q8_0;
+        fn of<T: crate::quant::vertical::simd::VerticalType>() -> (QuantMulti, QuantMulti) {
+            use crate::quant::vertical::simd::{pack_one_row, rows_vertical};
+            (
+                QuantMulti {
+                    pack: Some(pack_one_row::<T>),
+                    range: rows_vertical::<T>,
+                },
+                QuantMulti {
+                    pack: Some(multi_row::pack_acts_vnni::<T>),
+                    range: multi_row::range_vnni_vertical::<T>,
+                },
+            )
+        }
+        return Some(match ty {
+            GgmlType::Q8_0 => of::<Q8_0>(),
+            GgmlType::Q4_0 => of::<Q4_0>(),
+            GgmlType::Q5_0 => of::<Q5_0>(),
+            GgmlType::Q4_K => of::<Q4K>(),
+            GgmlType::Q5_K => of::<Q5K>(),
+            GgmlType::Q6_K => of::<Q6K>(),
+            _ => return None,
+        });
+    }
+    let _ = isa;
+    None
 }
 
 /// The scalar multi-row kernel of quantized type `T`.

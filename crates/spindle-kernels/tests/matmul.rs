@@ -344,6 +344,7 @@ fn size_errors_not_panics() {
         rows: 5,
         cols: 32,
         data: &w,
+        layout: spindle_kernels::WeightLayout::Gguf,
     };
     let mut out5 = vec![0.0f32; 2 * 5];
     assert!(matmul(&bad, &x, 2, &mut out5, &pool).is_err());

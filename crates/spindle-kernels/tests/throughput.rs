@@ -13,8 +13,9 @@ use common::{random_acts, random_weights};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spindle_kernels::matmul::matmul_with_isa;
+use spindle_kernels::quant::vertical::{to_vertical, vertical_supported};
 use spindle_kernels::simd::detected_isa;
-use spindle_kernels::{GgmlType, ThreadPool, WeightView};
+use spindle_kernels::{GgmlType, ThreadPool, WeightLayout, WeightView};
 use std::time::Instant;
 
 fn bench(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: usize, min_secs: f64) {
@@ -228,15 +229,18 @@ fn multi_row_throughput() {
     // Gemma 3 270M's matrices (rows = output features), n activation rows:
     // time per call, GMAC/s, and the cost of 16 rows relative to 1 row.
     let shapes: [(GgmlType, usize, usize, &[usize]); 7] = [
-        (GgmlType::Q5_0, 1024, 640, &[1, 16, 64, 512]),
-        (GgmlType::Q5_0, 2048, 640, &[1, 16, 64, 512]),
-        (GgmlType::Q8_0, 256, 640, &[1, 16, 64, 512]),
-        (GgmlType::Q4_K, 640, 1024, &[1, 16, 64, 512]),
-        (GgmlType::Q4_K, 640, 2048, &[1, 16, 64, 512]),
-        (GgmlType::Q6_K, 640, 2048, &[1, 16, 64, 512]),
+        (GgmlType::Q5_0, 1024, 640, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q5_0, 2048, 640, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q8_0, 256, 640, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q4_K, 640, 1024, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q4_K, 640, 2048, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q6_K, 640, 2048, &[1, 4, 16, 64, 512]),
         (GgmlType::Q8_0, 262_144, 640, &[1, 16]),
     ];
     let filter = std::env::var("SPINDLE_BENCH_FILTER").unwrap_or_default();
+    // `SPINDLE_BENCH_LAYOUT=vertical`: the layer matrices as the loader
+    // rewrites them on VNNI machines (the cold timings stay in file order).
+    let vertical = std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "vertical");
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         for &(ty, rows, cols, ns) in &shapes {
@@ -245,8 +249,14 @@ fn multi_row_throughput() {
                 continue;
             }
             let mut rng = StdRng::seed_from_u64(1);
-            let w = random_weights(&mut rng, ty, rows, cols);
-            let view = WeightView::new(ty, rows, cols, &w).unwrap();
+            let mut w = random_weights(&mut rng, ty, rows, cols);
+            let mut view = WeightView::new(ty, rows, cols, &w).unwrap();
+            if vertical && vertical_supported(ty, cols) {
+                to_vertical(ty, cols, &mut w).unwrap();
+                view = WeightView::new(ty, rows, cols, &w)
+                    .unwrap()
+                    .with_layout(WeightLayout::Vertical);
+            }
             let min_secs = if rows > 100_000 { 2.0 } else { 0.4 };
             let mut t1 = None;
             for &n in ns {

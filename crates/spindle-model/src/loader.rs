@@ -60,7 +60,8 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
         let tokenizer = scope.spawn(|| gguf_tokenizer(&GgufFile::open(path)?));
         let mut gguf = GgufFile::open(path)?;
         if resident_weights(gguf.file_len()) {
-            gguf.make_resident()?;
+            let vertical = vertical_weights();
+            gguf.make_resident_with(|t, bytes| vertical && rewrite_vertical(t, bytes))?;
         }
         let config = ModelConfig::from_gguf(&gguf)?;
         let weights = Weights::load(&TensorSource::Gguf(&gguf), &config)?;
@@ -200,6 +201,57 @@ fn resident_weights(file_len: u64) -> bool {
         return false;
     }
     mem_available().is_none_or(|avail| file_len < avail / 2)
+}
+
+/// Whether the resident copy's layer matrices are rewritten into the
+/// vertical layout (`spindle_kernels::quant::vertical`): on machines whose
+/// kernels read it (AVX-512 VNNI), unless `SPINDLE_VERTICAL=0` (to compare
+/// against the file's order).
+fn vertical_weights() -> bool {
+    spindle_kernels::simd::detected_isa() == spindle_kernels::simd::Isa::Avx512Vnni
+        && std::env::var("SPINDLE_VERTICAL").map_or(true, |v| v != "0")
+}
+
+/// The matrices of a decoder layer that only matmul reads (the embeddings
+/// and the output head are also read row by row, so they keep the file's
+/// order).
+const LAYER_MATRICES: [&str; 15] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "attn_qkv",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "ffn_gate_inp",
+    "ffn_gate_exps",
+    "ffn_up_exps",
+    "ffn_down_exps",
+    "ffn_gate_shexp",
+    "ffn_up_shexp",
+    "ffn_down_shexp",
+];
+
+/// Rewrites tensor `t`'s bytes into the vertical layout when it is a layer
+/// matrix of a type and shape the layout holds; says whether it did. A
+/// tensor with a bad block scale keeps the file's order, so that the load's
+/// check names the block as the file has it.
+fn rewrite_vertical(t: &spindle_formats::GgufTensorInfo, bytes: &mut [u8]) -> bool {
+    use spindle_kernels::quant::vertical::{to_vertical, vertical_supported};
+    let stem = t
+        .name
+        .strip_prefix("blk.")
+        .and_then(|rest| rest.split_once('.'))
+        .and_then(|(_, rest)| rest.strip_suffix(".weight"));
+    let (Some(stem), Ok(ty)) = (stem, t.ty()) else {
+        return false;
+    };
+    let cols = t.dims.first().map_or(0, |&c| c as usize);
+    LAYER_MATRICES.contains(&stem)
+        && vertical_supported(ty, cols)
+        && spindle_kernels::first_bad_scale(ty, bytes).is_none()
+        && to_vertical(ty, cols, bytes).is_ok()
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.

@@ -4,7 +4,7 @@
 //! directory is read through a map from those names to Hugging Face's.
 
 use spindle_formats::{GgmlType, GgufFile, SafetensorsModel, TensorBytes};
-use spindle_kernels::WeightView;
+use spindle_kernels::{WeightLayout, WeightView};
 
 use crate::arch::Family;
 use crate::config::ModelConfig;
@@ -18,6 +18,9 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     pub data: TensorBytes,
+    /// The order of `data`: the file's, or rewritten at load for the
+    /// VNNI kernel (`spindle_kernels::quant::vertical`).
+    pub layout: WeightLayout,
 }
 
 impl Matrix {
@@ -27,6 +30,7 @@ impl Matrix {
             rows: self.rows,
             cols: self.cols,
             data: &self.data,
+            layout: self.layout,
         }
     }
 
@@ -189,6 +193,18 @@ struct Raw {
     /// Row-major shape, outermost first.
     shape: Vec<usize>,
     data: TensorBytes,
+    layout: WeightLayout,
+}
+
+impl Raw {
+    /// The first block whose f16 scale is not finite, in a tensor in the
+    /// file's order (a rewritten one was checked before its rewrite).
+    fn bad_scale(&self) -> Option<(usize, f32)> {
+        match self.layout {
+            WeightLayout::Gguf => spindle_kernels::first_bad_scale(self.ty, &self.data),
+            WeightLayout::Vertical => None,
+        }
+    }
 }
 
 impl TensorSource<'_> {
@@ -200,10 +216,16 @@ impl TensorSource<'_> {
                 };
                 let ty = t.ty()?;
                 let shape = t.dims.iter().rev().map(|&d| d as usize).collect();
+                let layout = if g.is_rewritten(name) {
+                    WeightLayout::Vertical
+                } else {
+                    WeightLayout::Gguf
+                };
                 Ok(Some(Raw {
                     ty,
                     shape,
                     data: g.tensor_bytes(t),
+                    layout,
                 }))
             }
             TensorSource::Safetensors(st) => {
@@ -213,6 +235,7 @@ impl TensorSource<'_> {
                             ty: t.ty,
                             shape: t.shape.clone(),
                             data: t.bytes.clone(),
+                            layout: WeightLayout::Gguf,
                         }));
                     }
                 }
@@ -252,8 +275,9 @@ impl TensorSource<'_> {
             });
         }
         // Two bytes a block: cheap beside the load's own copy of the file,
-        // and a corrupt scale would make every logit it touches NaN.
-        if let Some((block, value)) = spindle_kernels::first_bad_scale(raw.ty, &raw.data) {
+        // and a corrupt scale would make every logit it touches NaN. (A
+        // rewritten matrix was checked before its rewrite.)
+        if let Some((block, value)) = raw.bad_scale() {
             return Err(ModelError::NonFiniteScale {
                 name: name.into(),
                 block,
@@ -266,6 +290,7 @@ impl TensorSource<'_> {
             rows,
             cols,
             data: raw.data,
+            layout: raw.layout,
         }))
     }
 
@@ -293,7 +318,7 @@ impl TensorSource<'_> {
                         want: vec![n, rows, cols],
                     });
                 }
-                if let Some((block, value)) = spindle_kernels::first_bad_scale(raw.ty, &raw.data) {
+                if let Some((block, value)) = raw.bad_scale() {
                     return Err(ModelError::NonFiniteScale { name, block, value });
                 }
                 let per = raw.data.len() / n;
@@ -312,6 +337,7 @@ impl TensorSource<'_> {
                             rows,
                             cols,
                             data,
+                            layout: raw.layout,
                         })
                     })
                     .collect()
@@ -385,6 +411,7 @@ impl TensorSource<'_> {
             rows,
             cols,
             data: TensorBytes::from_vec(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            layout: WeightLayout::Gguf,
         };
         let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
         for j in 0..n {
@@ -685,6 +712,7 @@ fn split_rows<const N: usize>(m: Matrix, parts: [usize; N]) -> Result<[Matrix; N
             rows,
             cols: m.cols,
             data,
+            layout: m.layout,
         });
         start += rows;
     }

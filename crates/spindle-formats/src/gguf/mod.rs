@@ -16,7 +16,7 @@
 mod metadata;
 mod parser;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -95,6 +95,8 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
+    /// Tensors whose bytes a loader reordered ([`GgufFile::make_resident_with`]).
+    rewritten: HashSet<String>,
 }
 
 impl GgufFile {
@@ -129,9 +131,39 @@ impl GgufFile {
     /// Moves the file's bytes into a resident, huge-page backed copy (see
     /// [`Storage::resident_copy`]); tensor ranges stay the same.
     pub fn make_resident(&mut self) -> Result<(), FormatError> {
-        let copy = Storage::resident_copy(&self.storage, self.storage.path())?;
+        self.make_resident_with(|_, _| false)
+    }
+
+    /// [`GgufFile::make_resident`], offering each tensor's bytes in the copy
+    /// to `rewrite`, which may reorder them in place and says whether it
+    /// did ([`GgufFile::is_rewritten`] remembers).
+    pub fn make_resident_with(
+        &mut self,
+        rewrite: impl Fn(&GgufTensorInfo, &mut [u8]) -> bool,
+    ) -> Result<(), FormatError> {
+        let mut rewritten = HashSet::new();
+        let tensors = &self.tensors;
+        let copy = Storage::resident_copy_with(&self.storage, self.storage.path(), |bytes| {
+            for t in tensors {
+                let range = usize::try_from(t.offset).ok().and_then(|start| {
+                    let end = start.checked_add(usize::try_from(t.n_bytes).ok()?)?;
+                    (end <= bytes.len()).then_some(start..end)
+                });
+                if let Some(range) = range {
+                    if rewrite(t, &mut bytes[range]) {
+                        rewritten.insert(t.name.clone());
+                    }
+                }
+            }
+        })?;
         self.storage = Arc::new(copy);
+        self.rewritten = rewritten;
         Ok(())
+    }
+
+    /// Whether the loader reordered tensor `name`'s bytes.
+    pub fn is_rewritten(&self, name: &str) -> bool {
+        self.rewritten.contains(name)
     }
 
     /// Parses the bytes of `storage`.
@@ -150,6 +182,7 @@ impl GgufFile {
             tensor_index: header.tensor_index,
             alignment: header.alignment,
             data_offset: header.data_offset,
+            rewritten: HashSet::new(),
         }
     }
 

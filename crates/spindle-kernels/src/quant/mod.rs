@@ -35,6 +35,7 @@ pub mod q8_0;
 pub mod q8_act;
 pub mod tq1_0;
 pub mod tq2_0;
+pub mod vertical;
 
 use crate::error::KernelError;
 use crate::simd::tree8;

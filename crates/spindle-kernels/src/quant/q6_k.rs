@@ -248,7 +248,7 @@ pub(crate) mod avx2 {
     /// # Safety
     /// `bp..bp + BLOCK_BYTES` readable.
     #[inline]
-    unsafe fn set_scales(bp: *const u8, out: &mut WGroup) {
+    pub(crate) unsafe fn set_scales(bp: *const u8, out: &mut WGroup) {
         unsafe {
             out.f0 = [half_to_f32(read_u16(bp.add(208))); 8];
             for t in 0..8 {

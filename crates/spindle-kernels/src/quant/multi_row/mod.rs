@@ -143,7 +143,7 @@ pub(crate) struct ActGroup {
 }
 
 impl ActGroup {
-    const ZERO: ActGroup = ActGroup {
+    pub(crate) const ZERO: ActGroup = ActGroup {
         qs: [0; 256],
         d: [0.0; 8],
         corr: [0; 8],
@@ -398,12 +398,12 @@ fn for_each_packed_tile(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::{pack_acts, range_avx2, store_group, store_vertical};
+pub(crate) use avx2::{pack_act_group, pack_acts, range_avx2, store_group, store_vertical};
 
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use vnni::{pack_acts_vnni, range_vnni, store_vertical_512};
+pub(crate) use vnni::{pack_acts_vnni, range_vnni, range_vnni_vertical, store_vertical_512};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {

@@ -25,6 +25,7 @@
 use super::avx2::{pack_act_group, tree8_x8};
 use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR};
 use crate::quant::q8_act::{ActRow, QuantizedActs};
+use crate::quant::vertical::simd::{unpack_group, VerticalType};
 use std::arch::x86_64::*;
 use std::ptr::addr_of;
 
@@ -537,6 +538,53 @@ pub(crate) unsafe fn range_vnni<T: MultiRow>(
 ) {
     unsafe {
         let nb = job.cols / 32;
+        range_with::<T>(job, (r0, r1), (i0, i1), |row, out, stride| {
+            // The driver passes a whole row and room for its groups.
+            pack_row::<T>(row, nb, out, stride)
+        })
+    }
+}
+
+/// [`range_vnni`] for weights in the vertical layout
+/// ([`crate::quant::vertical`]): each tile's groups are unpacked from it,
+/// not packed from GGUF order.
+///
+/// # Safety
+/// As [`range_vnni`]; `job.data` holds vertical rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn range_vnni_vertical<T: VerticalType>(
+    job: &QuantJob<'_>,
+    r0: usize,
+    r1: usize,
+    i0: usize,
+    i1: usize,
+) {
+    unsafe {
+        let nb = job.cols / 32;
+        range_with::<T>(job, (r0, r1), (i0, i1), |row, out, stride| {
+            for g in 0..nb.div_ceil(8) {
+                // The driver passes a whole row and room for its groups.
+                unpack_group::<T>(row, g, nb, &mut *out.add(g * stride));
+            }
+        })
+    }
+}
+
+/// The VNNI multi-row loop with `pack(row, out, stride)` filling a weight
+/// row's groups (`out[g * stride]`).
+///
+/// # Safety
+/// As [`range_vnni`], with `pack` filling groups as `pack_row::<T>` does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn range_with<T: MultiRow>(
+    job: &QuantJob<'_>,
+    (r0, r1): (usize, usize),
+    (i0, i1): (usize, usize),
+    pack: impl Fn(*const u8, *mut WGroup, usize),
+) {
+    unsafe {
+        let nb = job.cols / 32;
         let ng = nb.div_ceil(8);
         if ng == 0 {
             return;
@@ -553,10 +601,6 @@ pub(crate) unsafe fn range_vnni<T: MultiRow>(
             i0.is_multiple_of(2) && chunk.is_multiple_of(2),
             "activation pairs split"
         );
-        let pack = |row: *const u8, out: *mut WGroup, stride: usize| {
-            // The driver passes a whole row and room for its groups.
-            pack_row::<T>(row, nb, out, stride)
-        };
         let nc = if matches!(T::FOLD, Fold::Q6) { 4 } else { NC };
         super::for_each_packed_tile(job, chunk, (r0, r1), (i0, i1), pack, |w, rt, t0, c0, c1| {
             let mut i = c0;
