@@ -180,6 +180,12 @@ fn kernels_in_cache() {
 
 /// Best seconds per call of an `n`-row matmul (see [`bench`]), without
 /// printing.
+/// `SPINDLE_BENCH_LAYOUT=vertical`: matrices as the loader rewrites them
+/// on VNNI machines.
+fn vertical_layout() -> bool {
+    std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "vertical")
+}
+
 fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_secs: f64) -> f64 {
     let mut out = vec![0.0f32; n * view.rows];
     let isa = detected_isa();
@@ -202,12 +208,22 @@ fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_
 /// best call.
 fn time_call_cold(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: usize) -> f64 {
     let mut rng = StdRng::seed_from_u64(2);
-    let one = random_weights(&mut rng, ty, rows, cols);
+    let mut one = random_weights(&mut rng, ty, rows, cols);
+    let layout = if vertical_layout() && vertical_supported(ty, cols) {
+        to_vertical(ty, cols, &mut one).unwrap();
+        WeightLayout::Vertical
+    } else {
+        WeightLayout::Gguf
+    };
     let copies = (128usize << 20).div_ceil(one.len()).max(2);
     let all: Vec<u8> = (0..copies).flat_map(|_| one.iter().copied()).collect();
     let views: Vec<WeightView<'_>> = all
         .chunks_exact(one.len())
-        .map(|w| WeightView::new(ty, rows, cols, w).unwrap())
+        .map(|w| {
+            WeightView::new(ty, rows, cols, w)
+                .unwrap()
+                .with_layout(layout)
+        })
         .collect();
     let x = random_acts(&mut rng, n, cols);
     let mut out = vec![0.0f32; n * rows];
@@ -228,19 +244,19 @@ fn time_call_cold(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: 
 fn multi_row_throughput() {
     // Gemma 3 270M's matrices (rows = output features), n activation rows:
     // time per call, GMAC/s, and the cost of 16 rows relative to 1 row.
-    let shapes: [(GgmlType, usize, usize, &[usize]); 7] = [
+    let shapes: [(GgmlType, usize, usize, &[usize]); 9] = [
         (GgmlType::Q5_0, 1024, 640, &[1, 4, 16, 64, 512]),
         (GgmlType::Q5_0, 2048, 640, &[1, 4, 16, 64, 512]),
         (GgmlType::Q8_0, 256, 640, &[1, 4, 16, 64, 512]),
         (GgmlType::Q4_K, 640, 1024, &[1, 4, 16, 64, 512]),
         (GgmlType::Q4_K, 640, 2048, &[1, 4, 16, 64, 512]),
         (GgmlType::Q6_K, 640, 2048, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q4_K, 4096, 4096, &[1, 4, 16]),
+        (GgmlType::Q6_K, 4096, 4096, &[1, 4, 16]),
         (GgmlType::Q8_0, 262_144, 640, &[1, 16]),
     ];
     let filter = std::env::var("SPINDLE_BENCH_FILTER").unwrap_or_default();
-    // `SPINDLE_BENCH_LAYOUT=vertical`: the layer matrices as the loader
-    // rewrites them on VNNI machines (the cold timings stay in file order).
-    let vertical = std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "vertical");
+    let vertical = vertical_layout();
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         for &(ty, rows, cols, ns) in &shapes {

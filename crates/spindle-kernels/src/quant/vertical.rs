@@ -590,7 +590,11 @@ pub(crate) mod simd {
             let w = &job.data[..r1 * job.row_bytes];
             let mut wg = WGroup::ZERO;
             for (r, o) in (r0..r1).zip(out.iter_mut()) {
-                crate::quant::prefetch_row_ahead(w, r, job.row_bytes);
+                if T::HALF_GROUPS {
+                    // As the GGUF one-row kernels: the 32-value types gain
+                    // from asking rows ahead, the K-quants lose.
+                    crate::quant::prefetch_row_ahead(w, r, job.row_bytes);
+                }
                 *o = dot_row::<T>(w.as_ptr().add(r * job.row_bytes), nb, job.packed, &mut wg);
             }
         }
