@@ -436,6 +436,8 @@ pub(crate) mod simd {
             impl VerticalType for $T {
                 const TY: GgmlType = $ty;
                 const HALF_GROUPS: bool = true;
+                /// # Safety
+                /// As [`VerticalType::scales`].
                 #[inline]
                 #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn scales(p: *const u8, m: usize, out: &mut WGroup) {
@@ -450,6 +452,8 @@ pub(crate) mod simd {
 
     impl VerticalType for Q4K {
         const TY: GgmlType = GgmlType::Q4_K;
+        /// # Safety
+        /// As [`VerticalType::scales`].
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(p: *const u8, _m: usize, out: &mut WGroup) {
@@ -460,6 +464,8 @@ pub(crate) mod simd {
 
     impl VerticalType for Q5K {
         const TY: GgmlType = GgmlType::Q5_K;
+        /// # Safety
+        /// As [`VerticalType::scales`].
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(p: *const u8, _m: usize, out: &mut WGroup) {
@@ -471,6 +477,8 @@ pub(crate) mod simd {
     impl VerticalType for Q6K {
         const TY: GgmlType = GgmlType::Q6_K;
         const VNNI_ADD: i8 = 96;
+        /// # Safety
+        /// As [`VerticalType::scales`].
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(p: *const u8, _m: usize, out: &mut WGroup) {
@@ -725,6 +733,9 @@ pub(crate) mod simd {
 
     /// [`row_to_vertical`] for `T`: each group packed as the VNNI kernel
     /// reads it (the existing GGUF packing), then its `u` split into planes.
+    ///
+    /// # Safety
+    /// As [`row_to_vertical`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn row_to_vertical_of<T: VerticalType>(cols: usize, src: &[u8], dst: &mut [u8]) {
         unsafe {
