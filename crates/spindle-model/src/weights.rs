@@ -684,6 +684,25 @@ impl Weights {
             + self.output.n_bytes()
     }
 
+    /// How many of the layers' matrices the loader rewrote into the
+    /// vertical layout, and how many there are (benchmarks print it).
+    pub fn vertical_layer_matrices(&self) -> (usize, usize) {
+        let all: Vec<&Matrix> = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .chain(l.ffn.matrices())
+            })
+            .collect();
+        let vertical = all
+            .iter()
+            .filter(|m| m.layout == WeightLayout::Vertical)
+            .count();
+        (vertical, all.len())
+    }
+
     fn layer_matrices_per_token(&self, n_used: usize) -> impl Iterator<Item = &Matrix> {
         self.layers.iter().flat_map(move |l| {
             [&l.wq, &l.wk, &l.wv, &l.wo]

@@ -234,6 +234,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .map(|p| p.all_threads);
     let best_peak = peaks.iter().map(|p| p.all_threads).fold(0.0, f64::max);
 
+    let vertical = model.weights.vertical_layer_matrices();
     if args.json {
         let stat = |s: &Summary| json!({"mean": s.mean, "sd": s.sd, "median": s.median});
         let v = json!({
@@ -241,6 +242,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "cpu": cpu_name(),
             "threads": threads,
             "isa": model.isa().name(),
+            "vertical_layer_matrices": vertical.0,
+            "layer_matrices": vertical.1,
             "model": loaded.name,
             "pp": pp.as_ref().map(|s| json!({"tokens": args.prompt, "tokens_per_s": stat(s)})),
             "tg": tg.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
@@ -287,6 +290,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         cpu_name(),
         model.isa().name(),
         loaded.name
+    );
+    println!(
+        "layer matrices in the vertical layout: {} of {} (SPINDLE_VERTICAL=0 keeps the file's order; docs/PERF.md §39)",
+        vertical.0, vertical.1
     );
     println!(
         "memory read bandwidth (1 GiB, {threads} threads): {:.1} GB/s",
