@@ -229,9 +229,14 @@ pub fn matmul_with(
         }
         Kernel::Quant(format, one_row, multi) => {
             let format = rounding.format_for(w.ty).unwrap_or(format);
-            let (one_row_packed, multi) = match vertical {
-                Some((one, multi)) => (Some(one), multi),
-                None => (None, multi),
+            // The kernel that reads packed activations, if any: the
+            // multi-row one, or for vertical weights their one-row kernel
+            // too; else the one-row kernel on the activations as they are.
+            let packed_kernel = match (vertical, multi_rows) {
+                (Some((one, _)), false) => Some(one),
+                (Some((_, many)), true) => Some(many),
+                (None, true) => Some(multi),
+                (None, false) => None,
             };
             with_scratch(
                 &ACTS,
@@ -240,17 +245,13 @@ pub fn matmul_with(
                     acts.quantize_with_isa(isa, format, x, n, w.cols)?;
                     let acts = &*acts;
                     let out = OutPtr::new(out);
-                    if !multi_rows && one_row_packed.is_none() {
+                    let Some(multi) = packed_kernel else {
                         run_split(pool, &shape, w.data.len(), &|r0, r1| {
                             quant_range(one_row, w.data, &shape, acts, &out, r0, r1)
                         });
                         return Ok(());
-                    }
+                    };
                     with_scratch(&PACKED, Vec::new, |packed| {
-                        let multi = match one_row_packed {
-                            Some(one) if !multi_rows => one,
-                            _ => multi,
-                        };
                         if let Some(pack) = multi.pack {
                             // SAFETY: `pack` is only set for ISAs checked above.
                             unsafe { pack(acts, packed) };

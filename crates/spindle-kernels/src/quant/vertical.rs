@@ -60,6 +60,7 @@ enum High {
 /// A type's vertical layout.
 #[derive(Debug, Clone, Copy)]
 struct Spec {
+    ty: GgmlType,
     /// Bytes of a GGUF block of 32 values; 0 for K-quants.
     block32: usize,
     /// Bytes of a K-quant super-block; 0 for 32-value blocks.
@@ -71,11 +72,13 @@ impl Spec {
     #[inline(always)]
     fn of(ty: GgmlType) -> Option<Spec> {
         let b32 = |block32, high| Spec {
+            ty,
             block32,
             super_bytes: 0,
             high,
         };
         let k = |super_bytes, high| Spec {
+            ty,
             block32: 0,
             super_bytes,
             high,
@@ -94,8 +97,8 @@ impl Spec {
     /// Offsets in a vertical group of `m` blocks of the main plane (bytes
     /// or nibbles) and of the high plane (bit or crumb).
     #[inline(always)]
-    fn planes(self, ty: GgmlType, m: usize) -> (usize, usize) {
-        match ty {
+    fn planes(self, m: usize) -> (usize, usize) {
+        match self.ty {
             GgmlType::Q8_0 | GgmlType::Q4_0 => (2 * m, 0),
             GgmlType::Q5_0 => (6 * m, 2 * m),
             GgmlType::Q4_K => (16, 0),
@@ -188,14 +191,13 @@ fn gguf_value(ty: GgmlType, group: &mut [u8], j: usize, l: usize, set: Option<u8
 /// The unsigned value `u` of value `l` of block `j` of a vertical group of
 /// `m` blocks (`set`: writes it instead).
 fn vertical_value(
-    ty: GgmlType,
     spec: Spec,
     group: &mut [u8],
     m: usize,
     (j, l): (usize, usize),
     set: Option<u8>,
 ) -> u8 {
-    let (main, high) = spec.planes(ty, m);
+    let (main, high) = spec.planes(m);
     let (k, pos) = step_pos(m, j, l);
     if spec.high == High::Bytes {
         return bits(group, main + 32 * k + pos, 0, 8, set);
@@ -284,10 +286,10 @@ fn convert_scalar(
                     let u = if to_vertical {
                         gguf_value(ty, s, j, l, None)
                     } else {
-                        vertical_value(ty, spec, s, m, (j, l), None)
+                        vertical_value(spec, s, m, (j, l), None)
                     };
                     if to_vertical {
-                        vertical_value(ty, spec, d, m, (j, l), Some(u));
+                        vertical_value(spec, d, m, (j, l), Some(u));
                     } else {
                         gguf_value(ty, d, j, l, Some(u));
                     }
@@ -324,11 +326,15 @@ pub fn from_vertical(
 /// vertical layout, in place.
 pub fn to_vertical(ty: GgmlType, cols: usize, data: &mut [u8]) -> Result<(), KernelError> {
     let (_, row_bytes) = checked(ty, cols, data.len(), data.len())?;
+    #[cfg(target_arch = "x86_64")]
+    let fast = crate::simd::Isa::Avx512Vnni.is_available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
     let mut row = vec![0u8; row_bytes];
     for r in data.chunks_exact_mut(row_bytes) {
         row.copy_from_slice(r);
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::Isa::Avx512Vnni.is_available() {
+        if fast {
             // SAFETY: the ISA was checked; `row` and `r` are one whole row.
             unsafe { simd::row_to_vertical(ty, cols, &row, r) };
             continue;
@@ -382,7 +388,7 @@ pub(crate) mod simd {
     unsafe fn unpack_steps(ty: GgmlType, p: *const u8, m: usize, add: i8, dst: *mut u8) {
         unsafe {
             let spec = Spec::of(ty).unwrap_or_else(|| unreachable!("checked vertical type"));
-            let (main, high) = spec.planes(ty, m);
+            let (main, high) = spec.planes(m);
             let load = |o: usize| _mm256_loadu_si256(p.add(o).cast());
             let addv = _mm256_set1_epi8(add);
             let put = |k: usize, s: __m256i| {
@@ -450,29 +456,23 @@ pub(crate) mod simd {
     use crate::quant::{q4_0::Q4_0, q4_k::Q4K, q5_0::Q5_0, q5_k::Q5K, q6_k::Q6K, q8_0::Q8_0};
     block32_vertical!(Q8_0 => GgmlType::Q8_0, Q4_0 => GgmlType::Q4_0, Q5_0 => GgmlType::Q5_0);
 
-    impl VerticalType for Q4K {
-        const TY: GgmlType = GgmlType::Q4_K;
-        /// # Safety
-        /// As [`VerticalType::scales`].
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn scales(p: *const u8, _m: usize, out: &mut WGroup) {
-            // SAFETY: as the trait's contract; the header is where GGUF has it.
-            unsafe { crate::quant::q4_k::avx2::k_params(p, out) }
-        }
+    macro_rules! k_min_vertical {
+        ($($T:ty => $ty:expr),*) => {$(
+            impl VerticalType for $T {
+                const TY: GgmlType = $ty;
+                /// # Safety
+                /// As [`VerticalType::scales`].
+                #[inline]
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn scales(p: *const u8, _m: usize, out: &mut WGroup) {
+                    // SAFETY: as the trait's contract; Q4_K and Q5_K share
+                    // the header, where GGUF has it.
+                    unsafe { crate::quant::q4_k::avx2::k_params(p, out) }
+                }
+            }
+        )*};
     }
-
-    impl VerticalType for Q5K {
-        const TY: GgmlType = GgmlType::Q5_K;
-        /// # Safety
-        /// As [`VerticalType::scales`].
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn scales(p: *const u8, _m: usize, out: &mut WGroup) {
-            // SAFETY: as for Q4_K (the same header).
-            unsafe { crate::quant::q4_k::avx2::k_params(p, out) }
-        }
-    }
+    k_min_vertical!(Q4K => GgmlType::Q4_K, Q5K => GgmlType::Q5_K);
 
     impl VerticalType for Q6K {
         const TY: GgmlType = GgmlType::Q6_K;
@@ -754,7 +754,7 @@ pub(crate) mod simd {
                     let u = _mm256_loadu_si256(wg.u.as_ptr().add(32 * k).cast());
                     *s = _mm256_sub_epi8(u, sub);
                 }
-                store_planes(T::TY, spec, m, &v, d.as_mut_ptr());
+                store_planes(spec, m, &v, d.as_mut_ptr());
             }
         }
     }
@@ -766,9 +766,9 @@ pub(crate) mod simd {
     /// AVX2 and AVX-512 F/BW/VL available; `p` covers the group.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    unsafe fn store_planes(ty: GgmlType, spec: Spec, m: usize, v: &[__m256i; 8], p: *mut u8) {
+    unsafe fn store_planes(spec: Spec, m: usize, v: &[__m256i; 8], p: *mut u8) {
         unsafe {
-            let (main, high) = spec.planes(ty, m);
+            let (main, high) = spec.planes(m);
             let store = |o: usize, x: __m256i| _mm256_storeu_si256(p.add(o).cast(), x);
             if spec.high == High::Bytes {
                 for (k, s) in v.iter().enumerate().take(m) {
