@@ -387,7 +387,11 @@ fn vertical_kernel(
             )
         }
         return Some(match ty {
-            GgmlType::Q8_0 => of::<Q8_0>(),
+            GgmlType::Q8_0 => {
+                let (one, mut many) = of::<Q8_0>();
+                many.range = multi_row::range_vnni_q8_0_in_place;
+                (one, many)
+            }
             GgmlType::Q4_0 => of::<Q4_0>(),
             GgmlType::Q5_0 => of::<Q5_0>(),
             GgmlType::Q4_K => of::<Q4K>(),

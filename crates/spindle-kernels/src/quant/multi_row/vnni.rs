@@ -23,7 +23,8 @@
 //! `tree8_x8`.
 
 use super::avx2::{pack_act_group, tree8_x8};
-use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR};
+use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR, TILES_AHEAD};
+use crate::quant::q8_0::Q8_0;
 use crate::quant::q8_act::{ActRow, QuantizedActs};
 use crate::quant::vertical::simd::{unpack_group, VerticalType};
 use std::arch::x86_64::*;
@@ -202,6 +203,131 @@ pub(crate) unsafe fn store_vertical_512(v: &[__m256i; 8], dst: *mut u8) {
     }
 }
 
+/// Where a register tile reads its weight rows' groups: packed per call
+/// ([`Packed`]) or straight from a matrix in the vertical layout
+/// ([`InPlace`]).
+trait WeightTile: Copy {
+    /// Step `k` (32 bytes) of group `g` of tile row `r`; `half`: the row's
+    /// last group, in the half layout.
+    ///
+    /// # Safety
+    /// Row `r` and group `g` exist.
+    unsafe fn step(self, r: usize, g: usize, half: bool, k: usize) -> *const u8;
+    /// `f0` of group `g` of row `r` in both halves of a register.
+    ///
+    /// # Safety
+    /// As [`WeightTile::step`]; AVX-512F available.
+    unsafe fn f0(self, r: usize, g: usize, half: bool) -> __m512;
+    /// `f1` (`KMin` types) of group `g` of row `r`, twice.
+    ///
+    /// # Safety
+    /// As [`WeightTile::f0`].
+    unsafe fn f1(self, r: usize, g: usize) -> __m512;
+    /// The 32 bytes of `sc[h]` (`Q6`) of group `g` of row `r`.
+    ///
+    /// # Safety
+    /// As [`WeightTile::step`].
+    unsafe fn sc(self, r: usize, g: usize, h: usize) -> *const u8;
+    /// The tile of rows from row `r` on.
+    fn from_row(self, r: usize) -> Self;
+}
+
+/// Groups packed per call: group `g` of row `r` at `w + g * stride + r`.
+#[derive(Clone, Copy)]
+struct Packed {
+    w: *const WGroup,
+    stride: usize,
+}
+
+impl WeightTile for Packed {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn step(self, r: usize, g: usize, _half: bool, k: usize) -> *const u8 {
+        unsafe {
+            addr_of!((*self.w.add(g * self.stride + r)).u)
+                .cast::<u8>()
+                .add(32 * k)
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn f0(self, r: usize, g: usize, _half: bool) -> __m512 {
+        unsafe { twice_ps(addr_of!((*self.w.add(g * self.stride + r)).f0).cast()) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn f1(self, r: usize, g: usize) -> __m512 {
+        unsafe { twice_ps(addr_of!((*self.w.add(g * self.stride + r)).f1).cast()) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn sc(self, r: usize, g: usize, h: usize) -> *const u8 {
+        unsafe { addr_of!((*self.w.add(g * self.stride + r)).sc[h]).cast() }
+    }
+    fn from_row(self, r: usize) -> Self {
+        Packed {
+            w: self.w.wrapping_add(r),
+            ..self
+        }
+    }
+}
+
+/// Q8_0 rows in the vertical layout, read where they lie: a group of `m`
+/// blocks is its `m` f16 scales, then its byte plane, which is already
+/// [`WGroup::u`] (`s + 128`, step order). Row `r` at `row + r * row_bytes`.
+#[derive(Clone, Copy)]
+struct InPlace {
+    row: *const u8,
+    row_bytes: usize,
+}
+
+impl InPlace {
+    /// Group `g` of row `r` (every group before the last is a full one).
+    #[inline(always)]
+    unsafe fn group(self, r: usize, g: usize) -> *const u8 {
+        unsafe { self.row.add(r * self.row_bytes + g * 8 * 34) }
+    }
+}
+
+impl WeightTile for InPlace {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn step(self, r: usize, g: usize, half: bool, k: usize) -> *const u8 {
+        unsafe {
+            let m = if half { 4 } else { 8 };
+            self.group(r, g).add(2 * m + 32 * k)
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn f0(self, r: usize, g: usize, half: bool) -> __m512 {
+        unsafe {
+            let p = self.group(r, g);
+            // As `block32_scales`: a half group's last 4 scales are 0.
+            let h = if half {
+                _mm_loadl_epi64(p.cast())
+            } else {
+                _mm_loadu_si128(p.cast())
+            };
+            let f = _mm256_cvtph_ps(h);
+            _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(f)))
+        }
+    }
+    // Only Q8_0 (a `Block32` fold) reads in place: these are never asked.
+    unsafe fn f1(self, _r: usize, _g: usize) -> __m512 {
+        unreachable!("Q8_0 has no mins")
+    }
+    unsafe fn sc(self, _r: usize, _g: usize, _h: usize) -> *const u8 {
+        unreachable!("Q8_0 has no sub-block scales")
+    }
+    fn from_row(self, r: usize) -> Self {
+        InPlace {
+            row: self.row.wrapping_add(r * self.row_bytes),
+            ..self
+        }
+    }
+}
+
 /// Activation rows per register tile: two pairs.
 const NC: usize = 6;
 
@@ -238,9 +364,8 @@ unsafe fn twice_si(p: *const u8) -> __m512i {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 // Indexed loops over the register tile read as the tile's coordinates.
 #[allow(clippy::needless_range_loop)]
-unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
-    w: *const WGroup,
-    wstride: usize,
+unsafe fn tile<T: MultiRow, S: WeightTile, const R: usize, const P: usize>(
+    w: S,
     a: &[*const ActPair; P],
     ng: usize,
     last: usize,
@@ -249,10 +374,6 @@ unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
         let q6 = matches!(T::FOLD, Fold::Q6);
         let mut facc = [[_mm512_setzero_ps(); P]; R];
         for g in 0..ng {
-            let mut wg = [w; R];
-            for (r, p) in wg.iter_mut().enumerate() {
-                *p = w.add(g * wstride + r);
-            }
             let mut ag = *a;
             for p in ag.iter_mut() {
                 *p = p.add(g);
@@ -289,7 +410,7 @@ unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
                     *v = _mm512_loadu_si512(addr_of!((*ag[p]).qs).cast::<u8>().add(64 * k).cast());
                 }
                 for r in 0..R {
-                    let wv = twice_si(addr_of!((*wg[r]).u).cast::<u8>().add(32 * k));
+                    let wv = twice_si(w.step(r, g, half_layout, k));
                     for p in 0..P {
                         acc[h][r][p] = _mm512_dpbusd_epi32(acc[h][r][p], wv, av[p]);
                     }
@@ -304,7 +425,7 @@ unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
                 }
             }
             for r in 0..R {
-                let f0 = twice_ps(addr_of!((*wg[r]).f0).cast());
+                let f0 = w.f0(r, g, half_layout);
                 for p in 0..P {
                     let mut isum = acc[0][r][p];
                     if half_layout {
@@ -323,7 +444,7 @@ unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
                         }
                         Fold::KMin => {
                             // As `fold_scaled_min`.
-                            let f1 = twice_ps(addr_of!((*wg[r]).f1).cast());
+                            let f1 = w.f1(r, g);
                             let inner = _mm512_fmsub_ps(
                                 f0,
                                 _mm512_cvtepi32_ps(isum),
@@ -336,7 +457,7 @@ unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
                             let mut dot = _mm512_setzero_si512();
                             for h in 0..2 {
                                 // Lane j's int16 pair both hold block j's scale.
-                                let sc = twice_si(addr_of!((*wg[r]).sc[h]).cast());
+                                let sc = twice_si(w.sc(r, g, h));
                                 let sc = _mm512_srai_epi32(_mm512_slli_epi32(sc, 16), 16);
                                 dot = _mm512_add_epi32(dot, _mm512_mullo_epi32(sc, acc[h][r][p]));
                             }
@@ -370,10 +491,9 @@ unsafe fn tile<T: MultiRow, const R: usize, const P: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_tile<T: MultiRow, const R: usize, const P: usize>(
+unsafe fn run_tile<T: MultiRow, S: WeightTile, const R: usize, const P: usize>(
     job: &QuantJob<'_>,
-    w: *const WGroup,
-    wstride: usize,
+    w: S,
     t0: usize,
     i: usize,
     cw: usize,
@@ -388,7 +508,7 @@ unsafe fn run_tile<T: MultiRow, const R: usize, const P: usize>(
             // results are dropped).
             *ptr = pairs.add((i / 2 + p.min((cw - 1) / 2)) * ng);
         }
-        let facc = tile::<T, R, P>(w, wstride, &a, ng, last);
+        let facc = tile::<T, S, R, P>(w, &a, ng, last);
         if R == MR {
             // A full tile: pair `p`'s 8 lane sets (weight row `r`, first and
             // second activation row) through one `tree8_x8`, whose low 4
@@ -490,7 +610,7 @@ unsafe fn flush(
     }
 }
 
-/// Runs tile rows `t0..t0 + rt` (packed at `w`, stride `rt`) against
+/// Runs tile rows `t0..t0 + rt` (their groups from `w`) against
 /// activation rows `i..i + ct` (`ct <= 2P`): as one `MR`-row tile, or row by
 /// row when the tile is short.
 ///
@@ -499,9 +619,9 @@ unsafe fn flush(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_rows<T: MultiRow, const P: usize>(
+unsafe fn run_rows<T: MultiRow, S: WeightTile, const P: usize>(
     job: &QuantJob<'_>,
-    w: *const WGroup,
+    w: S,
     rt: usize,
     t0: usize,
     i: usize,
@@ -511,10 +631,10 @@ unsafe fn run_rows<T: MultiRow, const P: usize>(
 ) {
     unsafe {
         if rt == MR {
-            run_tile::<T, MR, P>(job, w, rt, t0, i, ct, ng, last);
+            run_tile::<T, S, MR, P>(job, w, t0, i, ct, ng, last);
         } else {
             for r in 0..rt {
-                run_tile::<T, 1, P>(job, w.add(r), rt, t0 + r, i, ct, ng, last);
+                run_tile::<T, S, 1, P>(job, w.from_row(r), t0 + r, i, ct, ng, last);
             }
         }
     }
@@ -570,6 +690,64 @@ pub(crate) unsafe fn range_vnni_vertical<T: VerticalType>(
     }
 }
 
+/// [`range_vnni_vertical`] for Q8_0: its vertical groups are already the
+/// kernel's operands, so the tiles read the matrix where it lies and
+/// nothing is copied (the output head: 262,144 rows of 640).
+///
+/// # Safety
+/// As [`range_vnni_vertical`] for Q8_0.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn range_vnni_q8_0_in_place(
+    job: &QuantJob<'_>,
+    r0: usize,
+    r1: usize,
+    i0: usize,
+    i1: usize,
+) {
+    unsafe {
+        let nb = job.cols / 32;
+        let ng = nb.div_ceil(8);
+        if ng == 0 {
+            return;
+        }
+        let last = nb - 8 * (ng - 1);
+        assert!(
+            job.packed.len() >= room(i1.div_ceil(2) * ng)
+                && job.row_bytes == 34 * nb
+                && job.data.len() >= r1 * job.row_bytes,
+            "multi-row kernel: inconsistent shapes"
+        );
+        let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
+        let data = &job.data[..r1 * job.row_bytes];
+        let mut c0 = i0;
+        while c0 < i1 {
+            let c1 = (c0 + chunk).min(i1);
+            let mut t0 = r0;
+            while t0 < r1 {
+                let rt = (r1 - t0).min(MR);
+                // A tile a few ahead, into L2.
+                crate::quant::prefetch_rows_l2(data, t0 + TILES_AHEAD * MR, MR, job.row_bytes);
+                let w = InPlace {
+                    row: data.as_ptr().add(t0 * job.row_bytes),
+                    row_bytes: job.row_bytes,
+                };
+                let mut i = c0;
+                while i < c1 {
+                    let ct = (c1 - i).min(NC);
+                    match ct {
+                        5.. => run_rows::<Q8_0, InPlace, 3>(job, w, rt, t0, i, ct, ng, last),
+                        3 | 4 => run_rows::<Q8_0, InPlace, 2>(job, w, rt, t0, i, ct, ng, last),
+                        _ => run_rows::<Q8_0, InPlace, 1>(job, w, rt, t0, i, ct, ng, last),
+                    }
+                    i += ct;
+                }
+                t0 += rt;
+            }
+            c0 = c1;
+        }
+    }
+}
+
 /// The VNNI multi-row loop with `pack(row, out, stride)` filling a weight
 /// row's groups (`out[g * stride]`).
 ///
@@ -606,10 +784,11 @@ unsafe fn range_with<T: MultiRow>(
             let mut i = c0;
             while i < c1 {
                 let ct = (c1 - i).min(nc);
+                let w = Packed { w, stride: rt };
                 match ct {
-                    5.. => run_rows::<T, 3>(job, w, rt, t0, i, ct, ng, last),
-                    3 | 4 => run_rows::<T, 2>(job, w, rt, t0, i, ct, ng, last),
-                    _ => run_rows::<T, 1>(job, w, rt, t0, i, ct, ng, last),
+                    5.. => run_rows::<T, Packed, 3>(job, w, rt, t0, i, ct, ng, last),
+                    3 | 4 => run_rows::<T, Packed, 2>(job, w, rt, t0, i, ct, ng, last),
+                    _ => run_rows::<T, Packed, 1>(job, w, rt, t0, i, ct, ng, last),
                 }
                 i += ct;
             }
