@@ -229,7 +229,7 @@ trait WeightTile: Copy {
     /// As [`WeightTile::step`].
     unsafe fn sc(self, r: usize, g: usize, h: usize) -> *const u8;
     /// The tile of rows from row `r` on.
-    fn from_row(self, r: usize) -> Self;
+    fn skip_rows(self, r: usize) -> Self;
 }
 
 /// Groups packed per call: group `g` of row `r` at `w + g * stride + r`.
@@ -264,7 +264,7 @@ impl WeightTile for Packed {
     unsafe fn sc(self, r: usize, g: usize, h: usize) -> *const u8 {
         unsafe { addr_of!((*self.w.add(g * self.stride + r)).sc[h]).cast() }
     }
-    fn from_row(self, r: usize) -> Self {
+    fn skip_rows(self, r: usize) -> Self {
         Packed {
             w: self.w.wrapping_add(r),
             ..self
@@ -320,7 +320,7 @@ impl WeightTile for InPlace {
     unsafe fn sc(self, _r: usize, _g: usize, _h: usize) -> *const u8 {
         unreachable!("Q8_0 has no sub-block scales")
     }
-    fn from_row(self, r: usize) -> Self {
+    fn skip_rows(self, r: usize) -> Self {
         InPlace {
             row: self.row.wrapping_add(r * self.row_bytes),
             ..self
@@ -634,7 +634,7 @@ unsafe fn run_rows<T: MultiRow, S: WeightTile, const P: usize>(
             run_tile::<T, S, MR, P>(job, w, t0, i, ct, ng, last);
         } else {
             for r in 0..rt {
-                run_tile::<T, S, 1, P>(job, w.from_row(r), t0 + r, i, ct, ng, last);
+                run_tile::<T, S, 1, P>(job, w.skip_rows(r), t0 + r, i, ct, ng, last);
             }
         }
     }
