@@ -26,6 +26,7 @@
 use crate::error::KernelError;
 use crate::matmul::WeightView;
 use crate::quant::q8_act::{ActRounding, QuantizedActs};
+use crate::quant::vertical::{q8_0_vertical_block, WeightLayout};
 use crate::simd::Isa;
 use crate::threadpool::ThreadPool;
 use spindle_formats::{GgmlType, Storage};
@@ -104,6 +105,8 @@ impl HeadScreen {
         let mut resid = vec![0f32; rows];
         let mut norms = vec![0f64; rows];
         let row_bytes = w.row_bytes();
+        // A head the loader rewrote with the layers: its blocks read in place.
+        let vertical = w.layout == WeightLayout::Vertical;
         {
             let nib = Shared(nibbles.as_mut_ptr());
             let sc = Shared(scales.as_mut_ptr());
@@ -124,12 +127,20 @@ impl HeadScreen {
                         let nib = nib.at(i * pairs * 32);
                         let mut w2 = 0f64;
                         for b in 0..blocks {
-                            let blk = &src[b * 34..(b + 1) * 34];
-                            let bits = u16::from_le_bytes([blk[0], blk[1]]);
+                            let (bits, qs) = if vertical {
+                                q8_0_vertical_block(src, blocks, b)
+                            } else {
+                                let blk = &src[b * 34..(b + 1) * 34];
+                                let mut qs = [0i8; 32];
+                                for (q, &byte) in qs.iter_mut().zip(&blk[2..]) {
+                                    *q = byte as i8;
+                                }
+                                (u16::from_le_bytes([blk[0], blk[1]]), qs)
+                            };
                             *sc.at(i * scale_stride + b) = bits;
                             let d = half::f16::from_bits(bits).to_f32() as f64;
                             for k in 0..32 {
-                                let q = blk[2 + k] as i8 as i32;
+                                let q = qs[k] as i32;
                                 let hi = ((q + 8) >> 4).clamp(-8, 7);
                                 let lo = q - 16 * hi;
                                 rho[b * 32 + k] = d * lo as f64;

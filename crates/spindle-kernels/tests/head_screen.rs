@@ -6,8 +6,9 @@ use rand::{Rng, SeedableRng};
 use spindle_kernels::head_screen::HeadScreen;
 use spindle_kernels::matmul::matmul_with;
 use spindle_kernels::quant::q8_act::ActRounding;
-use spindle_kernels::simd::available_isas;
-use spindle_kernels::{GgmlType, ThreadPool, WeightView};
+use spindle_kernels::quant::vertical::{to_vertical, vertical_supported};
+use spindle_kernels::simd::{available_isas, detected_isa};
+use spindle_kernels::{GgmlType, ThreadPool, WeightLayout, WeightView};
 
 /// A Q8_0 matrix of `rows` x `cols` with random scales and values.
 fn q8_0(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
@@ -49,6 +50,29 @@ fn check(rows: usize, cols: usize, n: usize, seed: u64) {
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         let mut screen = HeadScreen::build(&w, &calib, &pool).unwrap();
+        if vertical_supported(GgmlType::Q8_0, cols) {
+            // A head the loader rewrote into the vertical layout screens
+            // exactly as the file's.
+            let mut v = data.clone();
+            to_vertical(GgmlType::Q8_0, cols, &mut v).unwrap();
+            let wv = WeightView::new(GgmlType::Q8_0, rows, cols, &v)
+                .unwrap()
+                .with_layout(WeightLayout::Vertical);
+            let sv = HeadScreen::build(&wv, &calib, &pool).unwrap();
+            let isa = detected_isa();
+            let a = screen
+                .bounds(isa, ActRounding::Block32, &x, n, &pool)
+                .unwrap();
+            let b = sv.bounds(isa, ActRounding::Block32, &x, n, &pool).unwrap();
+            let same =
+                a.ub.iter()
+                    .zip(&b.ub)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same && a.likeliest == b.likeliest,
+                "vertical head's screen differs"
+            );
+        }
         for isa in available_isas() {
             for rounding in [ActRounding::Block32, ActRounding::Ggml] {
                 let mut logits = vec![0f32; n * rows];

@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use spindle_kernels::matmul::{matmul_with, matmul_with_isa};
 use spindle_kernels::quant::q8_act::ActRounding;
 use spindle_kernels::quant::vertical::{
-    from_vertical, to_vertical, to_vertical_scalar, vertical_supported,
+    dequantize_vertical_row, from_vertical, to_vertical, to_vertical_scalar, vertical_supported,
 };
 use spindle_kernels::simd::{available_isas, Isa};
 use spindle_kernels::{GgmlType, ThreadPool, WeightLayout, WeightView};
@@ -50,6 +50,34 @@ fn the_rewrite_is_lossless_and_the_fast_one_equals_the_reference() {
             let mut back = vec![0u8; gguf.len()];
             from_vertical(ty, cols, &reference, &mut back).unwrap();
             assert!(back == gguf, "{ty} {cols}: not the file's bytes back");
+        }
+    }
+}
+
+/// A row read one at a time (the embedding lookup of a tied head)
+/// dequantizes to the file's row, bit for bit.
+#[test]
+fn a_vertical_row_dequantizes_as_the_files_row() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for ty in TYPES {
+        for &cols in cols_for(ty) {
+            let rows = 5;
+            let gguf = random_weights(&mut rng, ty, rows, cols);
+            let mut vertical = gguf.clone();
+            to_vertical(ty, cols, &mut vertical).unwrap();
+            let row_bytes = gguf.len() / rows;
+            for r in 0..rows {
+                let bytes = r * row_bytes..(r + 1) * row_bytes;
+                let mut want = vec![0f32; cols];
+                spindle_kernels::dequantize(ty, &gguf[bytes.clone()], &mut want).unwrap();
+                let mut got = vec![1f32; cols];
+                dequantize_vertical_row(ty, cols, &vertical[bytes], &mut got).unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "{ty} {cols}: row {r}");
+            }
         }
     }
 }

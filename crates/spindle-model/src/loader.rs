@@ -61,7 +61,8 @@ pub fn load(path: &Path, n_threads: usize) -> Result<LoadedModel, ModelError> {
         let mut gguf = GgufFile::open(path)?;
         if resident_weights(gguf.file_len()) {
             let vertical = vertical_weights();
-            gguf.make_resident_with(|t, bytes| vertical && rewrite_vertical(t, bytes))?;
+            let head = head_tensor(&gguf);
+            gguf.make_resident_with(|t, bytes| vertical && rewrite_vertical(t, bytes, head))?;
         }
         let config = ModelConfig::from_gguf(&gguf)?;
         let weights = Weights::load(&TensorSource::Gguf(&gguf), &config)?;
@@ -212,9 +213,11 @@ fn vertical_weights() -> bool {
         && std::env::var("SPINDLE_VERTICAL").map_or(true, |v| v != "0")
 }
 
-/// The matrices of a decoder layer that only matmul reads (the embeddings
-/// and the output head are also read row by row, so they keep the file's
-/// order).
+/// The matrices of a decoder layer (only matmul reads them). The output
+/// head is rewritten too (its readers row by row, the embedding lookup of
+/// a tied head and the head's screen, read the layout); an embedding
+/// matrix that is not the head keeps the file's order (nothing multiplies
+/// it).
 const LAYER_MATRICES: [&str; 15] = [
     "attn_q",
     "attn_k",
@@ -237,21 +240,32 @@ const LAYER_MATRICES: [&str; 15] = [
 /// matrix of a type and shape the layout holds; says whether it did. A
 /// tensor with a bad block scale keeps the file's order, so that the load's
 /// check names the block as the file has it.
-fn rewrite_vertical(t: &spindle_formats::GgufTensorInfo, bytes: &mut [u8]) -> bool {
+fn rewrite_vertical(t: &spindle_formats::GgufTensorInfo, bytes: &mut [u8], head: &str) -> bool {
     use spindle_kernels::quant::vertical::{to_vertical, vertical_supported};
     let stem = t
         .name
         .strip_prefix("blk.")
         .and_then(|rest| rest.split_once('.'))
         .and_then(|(_, rest)| rest.strip_suffix(".weight"));
-    let (Some(stem), Ok(ty)) = (stem, t.ty()) else {
+    let Ok(ty) = t.ty() else {
         return false;
     };
+    let matrix = stem.is_some_and(|stem| LAYER_MATRICES.contains(&stem)) || t.name == head;
     let cols = t.dims.first().map_or(0, |&c| c as usize);
-    LAYER_MATRICES.contains(&stem)
+    matrix
         && vertical_supported(ty, cols)
         && spindle_kernels::first_bad_scale(ty, bytes).is_none()
         && to_vertical(ty, cols, bytes).is_ok()
+}
+
+/// The tensor the output head multiplies: `output.weight`, or the
+/// embeddings where the head is tied to them.
+fn head_tensor(gguf: &GgufFile) -> &'static str {
+    if gguf.tensor("output.weight").is_some() {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    }
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.

@@ -319,7 +319,78 @@ pub fn from_vertical(
     src: &[u8],
     dst: &mut [u8],
 ) -> Result<(), KernelError> {
-    convert_scalar(ty, cols, src, dst, false)
+    if ty != GgmlType::Q8_0 {
+        return convert_scalar(ty, cols, src, dst, false);
+    }
+    // Q8_0 block by block: an ISA switched on a loaded model converts the
+    // whole output head (262,144 rows) back on every call.
+    let (_, row_bytes) = checked(ty, cols, src.len(), dst.len())?;
+    let nb = cols / 32;
+    for (s_row, d_row) in src
+        .chunks_exact(row_bytes)
+        .zip(dst.chunks_exact_mut(row_bytes))
+    {
+        for (b, blk) in d_row.chunks_exact_mut(34).enumerate() {
+            let (scale, q) = q8_0_vertical_block(s_row, nb, b);
+            blk[..2].copy_from_slice(&scale.to_le_bytes());
+            for (o, q) in blk[2..].iter_mut().zip(q) {
+                *o = q as u8;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Block `b` of a Q8_0 row in the vertical layout (`nb` blocks): its f16
+/// scale's bits and its 32 values, as the file's block holds them. For
+/// readers that go block by block (the head's screen, built from 262,144
+/// rows, where [`from_vertical`]'s value-by-value reference is too slow).
+///
+/// # Panics
+/// If the row is shorter than `nb` Q8_0 blocks or `b >= nb`.
+pub fn q8_0_vertical_block(row: &[u8], nb: usize, b: usize) -> (u16, [i8; 32]) {
+    assert!(
+        b < nb && row.len() >= 34 * nb,
+        "Q8_0 vertical block {b} of {nb}"
+    );
+    let (g, j) = (b / 8, b % 8);
+    let m = (nb - 8 * g).min(8);
+    let group = &row[34 * 8 * g..34 * (8 * g + m)];
+    let scale = u16::from_le_bytes([group[2 * j], group[2 * j + 1]]);
+    let mut q = [0i8; 32];
+    for (l, v) in q.iter_mut().enumerate() {
+        let (k, at) = step_pos(m, j, l);
+        *v = (group[2 * m + 32 * k + at] ^ 0x80) as i8;
+    }
+    (scale, q)
+}
+
+/// Dequantizes one row of `cols` values of `ty` stored in the vertical
+/// layout into `out` (the embedding lookup of a head rewritten with the
+/// layers: its rows are read one token at a time).
+pub fn dequantize_vertical_row(
+    ty: GgmlType,
+    cols: usize,
+    row: &[u8],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    if ty == GgmlType::Q8_0 && vertical_supported(ty, cols) && row.len() == 34 * (cols / 32) {
+        if out.len() != cols {
+            return Err(KernelError::size("dequantized row", cols, out.len()));
+        }
+        let nb = cols / 32;
+        for (b, o) in out.chunks_exact_mut(32).enumerate() {
+            let (scale, q) = q8_0_vertical_block(row, nb, b);
+            let d = half::f16::from_bits(scale).to_f32();
+            for (o, &q) in o.iter_mut().zip(&q) {
+                *o = d * q as f32;
+            }
+        }
+        return Ok(());
+    }
+    let mut gguf = vec![0u8; row.len()];
+    from_vertical(ty, cols, row, &mut gguf)?;
+    super::dequantize(ty, &gguf, out)
 }
 
 /// Rewrites the GGUF rows in `data` (rows of `cols` values of `ty`) into the

@@ -208,7 +208,8 @@ impl Model {
             }
             rows.extend_from_slice(&out.data[t * row_bytes..(t + 1) * row_bytes]);
         }
-        let view = WeightView::new(out.ty, tokens.len(), out.cols, &rows)?;
+        // Whole rows, so still in the head's own layout.
+        let view = WeightView::new(out.ty, tokens.len(), out.cols, &rows)?.with_layout(out.layout);
         let mut data = vec![0f32; tokens.len()];
         if !tokens.is_empty() {
             spindle_kernels::matmul::matmul_with(

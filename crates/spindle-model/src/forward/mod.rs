@@ -11,9 +11,10 @@ use std::ops::Range;
 use spindle_kernels::activation::{gated, soft_cap};
 use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
 use spindle_kernels::quant::q8_act::ActRounding;
+use spindle_kernels::quant::vertical::dequantize_vertical_row;
 use spindle_kernels::rope::RopeTable;
 use spindle_kernels::simd::{detected_isa, Isa};
-use spindle_kernels::ThreadPool;
+use spindle_kernels::{ThreadPool, WeightLayout};
 
 use crate::batch::{Batch, SeqId};
 use crate::config::ModelConfig;
@@ -471,11 +472,17 @@ impl Model {
         let row_bytes = w.embed.data.len() / w.embed.rows;
         for (i, row) in batch.rows.iter().enumerate() {
             let t = row.token as usize;
-            spindle_kernels::dequantize(
-                w.embed.ty,
+            let (src, dst) = (
                 &w.embed.data[t * row_bytes..(t + 1) * row_bytes],
                 &mut h[i * e..(i + 1) * e],
-            )?;
+            );
+            match w.embed.layout {
+                WeightLayout::Gguf => spindle_kernels::dequantize(w.embed.ty, src, dst)?,
+                // A head tied to the embeddings, rewritten with the layers.
+                WeightLayout::Vertical => {
+                    dequantize_vertical_row(w.embed.ty, w.embed.cols, src, dst)?
+                }
+            }
         }
         if cfg.arch.embed_scale {
             let s = (e as f32).sqrt();
