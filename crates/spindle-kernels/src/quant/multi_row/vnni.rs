@@ -690,6 +690,35 @@ pub(crate) unsafe fn range_vnni_vertical<T: VerticalType>(
     }
 }
 
+/// Runs tile rows `t0..t0 + rt` (from `w`) against activation rows
+/// `c0..c1`, at most `nc` at a time.
+///
+/// # Safety
+/// As [`run_rows`] for each slice of activation rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_chunk<T: MultiRow, S: WeightTile>(
+    job: &QuantJob<'_>,
+    w: S,
+    (rt, t0): (usize, usize),
+    (c0, c1): (usize, usize),
+    nc: usize,
+    (ng, last): (usize, usize),
+) {
+    unsafe {
+        let mut i = c0;
+        while i < c1 {
+            let ct = (c1 - i).min(nc);
+            match ct {
+                5.. => run_rows::<T, S, 3>(job, w, rt, t0, i, ct, ng, last),
+                3 | 4 => run_rows::<T, S, 2>(job, w, rt, t0, i, ct, ng, last),
+                _ => run_rows::<T, S, 1>(job, w, rt, t0, i, ct, ng, last),
+            }
+            i += ct;
+        }
+    }
+}
+
 /// [`range_vnni_vertical`] for Q8_0: its vertical groups are already the
 /// kernel's operands, so the tiles read the matrix where it lies and
 /// nothing is copied (the output head: 262,144 rows of 640).
@@ -731,16 +760,7 @@ pub(crate) unsafe fn range_vnni_q8_0_in_place(
                     row: data.as_ptr().add(t0 * job.row_bytes),
                     row_bytes: job.row_bytes,
                 };
-                let mut i = c0;
-                while i < c1 {
-                    let ct = (c1 - i).min(NC);
-                    match ct {
-                        5.. => run_rows::<Q8_0, InPlace, 3>(job, w, rt, t0, i, ct, ng, last),
-                        3 | 4 => run_rows::<Q8_0, InPlace, 2>(job, w, rt, t0, i, ct, ng, last),
-                        _ => run_rows::<Q8_0, InPlace, 1>(job, w, rt, t0, i, ct, ng, last),
-                    }
-                    i += ct;
-                }
+                run_chunk::<Q8_0, InPlace>(job, w, (rt, t0), (c0, c1), NC, (ng, last));
                 t0 += rt;
             }
             c0 = c1;
@@ -781,17 +801,8 @@ unsafe fn range_with<T: MultiRow>(
         );
         let nc = if matches!(T::FOLD, Fold::Q6) { 4 } else { NC };
         super::for_each_packed_tile(job, chunk, (r0, r1), (i0, i1), pack, |w, rt, t0, c0, c1| {
-            let mut i = c0;
-            while i < c1 {
-                let ct = (c1 - i).min(nc);
-                let w = Packed { w, stride: rt };
-                match ct {
-                    5.. => run_rows::<T, Packed, 3>(job, w, rt, t0, i, ct, ng, last),
-                    3 | 4 => run_rows::<T, Packed, 2>(job, w, rt, t0, i, ct, ng, last),
-                    _ => run_rows::<T, Packed, 1>(job, w, rt, t0, i, ct, ng, last),
-                }
-                i += ct;
-            }
+            let w = Packed { w, stride: rt };
+            run_chunk::<T, Packed>(job, w, (rt, t0), (c0, c1), nc, (ng, last));
         });
     }
 }
