@@ -361,44 +361,59 @@ pub(crate) fn packed_row_bytes(cols: usize) -> usize {
     (cols / 32).div_ceil(8) * std::mem::size_of::<ActGroup>()
 }
 
-/// The loop both SIMD multi-row paths share: activation rows `i0..i1` in
+/// The loop every SIMD multi-row path shares: activation rows `i0..i1` in
 /// chunks of `chunk` rows; against each chunk, weight rows `r0..r1` in tiles
-/// of up to [`MR`], each packed once into this thread's buffer by
-/// `pack(row, out, rt)` (group `g` of the tile's row `r` at `out + r + g *
-/// rt`), then `run(tile, rt, t0, c0, c1)` for tile rows `t0..t0 + rt` and
-/// activation rows `c0..c1`. Asks for the rows of a tile ahead while one
+/// of up to [`MR`]: `visit(data, t0, rt, c0, c1)` for tile rows `t0..t0 +
+/// rt` of `data` (the matrix's rows up to `r1`) and activation rows
+/// `c0..c1`. Asks for a tile's rows a few tiles ahead, into L2, while one
 /// runs (the head streams 178 MB per call).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn for_each_tile(
+    job: &QuantJob<'_>,
+    chunk: usize,
+    (r0, r1): (usize, usize),
+    (i0, i1): (usize, usize),
+    mut visit: impl FnMut(&[u8], usize, usize, usize, usize),
+) {
+    let data = &job.data[..r1 * job.row_bytes];
+    let mut c0 = i0;
+    while c0 < i1 {
+        let c1 = (c0 + chunk).min(i1);
+        let mut t0 = r0;
+        while t0 < r1 {
+            let rt = (r1 - t0).min(MR);
+            crate::quant::prefetch_rows_l2(data, t0 + TILES_AHEAD * MR, MR, job.row_bytes);
+            visit(data, t0, rt, c0, c1);
+            t0 += rt;
+        }
+        c0 = c1;
+    }
+}
+
+/// [`for_each_tile`] with each tile packed once into this thread's buffer
+/// by `pack(row, out, rt)` (group `g` of the tile's row `r` at `out + r + g
+/// * rt`), then `run(tile, rt, t0, c0, c1)`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn for_each_packed_tile(
     job: &QuantJob<'_>,
     chunk: usize,
-    (r0, r1): (usize, usize),
-    (i0, i1): (usize, usize),
+    rows: (usize, usize),
+    acts: (usize, usize),
     pack: impl Fn(*const u8, *mut WGroup, usize),
     mut run: impl FnMut(*const WGroup, usize, usize, usize, usize),
 ) {
     let ng = (job.cols / 32).div_ceil(8);
     with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
-        let data = &job.data[..r1 * job.row_bytes];
-        let mut c0 = i0;
-        while c0 < i1 {
-            let c1 = (c0 + chunk).min(i1);
-            let mut t0 = r0;
-            while t0 < r1 {
-                let rt = (r1 - t0).min(MR);
-                // A tile a few ahead, into L2.
-                crate::quant::prefetch_rows_l2(data, t0 + TILES_AHEAD * MR, MR, job.row_bytes);
-                for r in 0..rt {
-                    let row = data[(t0 + r) * job.row_bytes..].as_ptr();
-                    // The buffer holds MR * ng groups: room for rt * ng.
-                    pack(row, buf[r..].as_mut_ptr(), rt);
-                }
-                run(buf.as_ptr(), rt, t0, c0, c1);
-                t0 += rt;
+        for_each_tile(job, chunk, rows, acts, |data, t0, rt, c0, c1| {
+            for r in 0..rt {
+                let row = data[(t0 + r) * job.row_bytes..].as_ptr();
+                // The buffer holds MR * ng groups: room for rt * ng.
+                pack(row, buf[r..].as_mut_ptr(), rt);
             }
-            c0 = c1;
-        }
+            run(buf.as_ptr(), rt, t0, c0, c1);
+        });
     });
 }
 

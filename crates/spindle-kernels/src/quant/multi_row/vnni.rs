@@ -23,7 +23,7 @@
 //! `tree8_x8`.
 
 use super::avx2::{pack_act_group, tree8_x8};
-use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR, TILES_AHEAD};
+use super::{act_chunk_rows, ActGroup, Fold, MultiRow, QuantJob, WGroup, MR};
 use crate::quant::q8_0::Q8_0;
 use crate::quant::q8_act::{ActRow, QuantizedActs};
 use crate::quant::vertical::simd::{unpack_group, VerticalType};
@@ -734,38 +734,48 @@ pub(crate) unsafe fn range_vnni_q8_0_in_place(
     i1: usize,
 ) {
     unsafe {
-        let nb = job.cols / 32;
-        let ng = nb.div_ceil(8);
-        if ng == 0 {
+        let Some((ng, last, chunk)) = shape::<Q8_0>(job, r1, i0, i1) else {
             return;
-        }
-        let last = nb - 8 * (ng - 1);
-        assert!(
-            job.packed.len() >= room(i1.div_ceil(2) * ng)
-                && job.row_bytes == 34 * nb
-                && job.data.len() >= r1 * job.row_bytes,
-            "multi-row kernel: inconsistent shapes"
-        );
-        let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
-        let data = &job.data[..r1 * job.row_bytes];
-        let mut c0 = i0;
-        while c0 < i1 {
-            let c1 = (c0 + chunk).min(i1);
-            let mut t0 = r0;
-            while t0 < r1 {
-                let rt = (r1 - t0).min(MR);
-                // A tile a few ahead, into L2.
-                crate::quant::prefetch_rows_l2(data, t0 + TILES_AHEAD * MR, MR, job.row_bytes);
-                let w = InPlace {
-                    row: data.as_ptr().add(t0 * job.row_bytes),
-                    row_bytes: job.row_bytes,
-                };
-                run_chunk::<Q8_0, InPlace>(job, w, (rt, t0), (c0, c1), NC, (ng, last));
-                t0 += rt;
-            }
-            c0 = c1;
-        }
+        };
+        super::for_each_tile(job, chunk, (r0, r1), (i0, i1), |data, t0, rt, c0, c1| {
+            let w = InPlace {
+                row: data[t0 * job.row_bytes..].as_ptr(),
+                row_bytes: job.row_bytes,
+            };
+            run_chunk::<Q8_0, InPlace>(job, w, (rt, t0), (c0, c1), NC, (ng, last));
+        });
     }
+}
+
+/// A matmul job's groups per row, blocks in the last group and chunk of
+/// activation rows, after checking its shapes; `None` for empty rows.
+///
+/// # Panics
+/// If the job's buffers do not hold what `T`'s kernel reads.
+#[inline]
+fn shape<T: MultiRow>(
+    job: &QuantJob<'_>,
+    r1: usize,
+    i0: usize,
+    i1: usize,
+) -> Option<(usize, usize, usize)> {
+    let nb = job.cols / 32;
+    let ng = nb.div_ceil(8);
+    if ng == 0 {
+        return None;
+    }
+    assert!(
+        job.packed.len() >= room(i1.div_ceil(2) * ng)
+            && job.row_bytes == T::row_bytes(nb)
+            && job.data.len() >= r1 * job.row_bytes,
+        "multi-row kernel: inconsistent shapes"
+    );
+    let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
+    debug_assert!(
+        i0.is_multiple_of(2) && chunk.is_multiple_of(2),
+        "activation pairs split"
+    );
+    Some((ng, nb - 8 * (ng - 1), chunk))
 }
 
 /// The VNNI multi-row loop with `pack(row, out, stride)` filling a weight
@@ -782,23 +792,9 @@ unsafe fn range_with<T: MultiRow>(
     pack: impl Fn(*const u8, *mut WGroup, usize),
 ) {
     unsafe {
-        let nb = job.cols / 32;
-        let ng = nb.div_ceil(8);
-        if ng == 0 {
+        let Some((ng, last, chunk)) = shape::<T>(job, r1, i0, i1) else {
             return;
-        }
-        let last = nb - 8 * (ng - 1);
-        assert!(
-            job.packed.len() >= room(i1.div_ceil(2) * ng)
-                && job.row_bytes == T::row_bytes(nb)
-                && job.data.len() >= r1 * job.row_bytes,
-            "multi-row kernel: inconsistent shapes"
-        );
-        let chunk = act_chunk_rows(ng * std::mem::size_of::<ActGroup>());
-        debug_assert!(
-            i0.is_multiple_of(2) && chunk.is_multiple_of(2),
-            "activation pairs split"
-        );
+        };
         let nc = if matches!(T::FOLD, Fold::Q6) { 4 } else { NC };
         super::for_each_packed_tile(job, chunk, (r0, r1), (i0, i1), pack, |w, rt, t0, c0, c1| {
             let w = Packed { w, stride: rt };
