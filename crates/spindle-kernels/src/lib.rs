@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod attention;
 pub mod cpu;
+pub mod encoder_attention;
 pub mod error;
 pub mod head_screen;
 pub mod int8_peak;

@@ -1,4 +1,4 @@
-//! RMS normalisation.
+//! RMS normalisation (decoders) and layer normalisation (encoders).
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight`, one row.
 ///
@@ -28,9 +28,39 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
     (1.0 / (mean + eps as f64).sqrt()) as f32
 }
 
+/// `x = (x - mean) / sqrt(var + eps) * weight + bias`, one row, in place
+/// (BERT's LayerNorm). Mean and variance are taken in f64 in index order,
+/// like [`rms_norm`]: the result depends only on the row.
+pub fn layer_norm_inplace(x: &mut [f32], weight: &[f32], bias: &[f32], eps: f32) {
+    debug_assert_eq!(x.len(), weight.len());
+    debug_assert_eq!(x.len(), bias.len());
+    let n = x.len().max(1) as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    for ((v, &w), &b) in x.iter_mut().zip(weight).zip(bias) {
+        *v = ((*v as f64 - mean) * inv) as f32 * w + b;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layer_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let w = [1.0f32, 0.5, 2.0, -1.0];
+        let b = [0.1f32, 0.0, -0.2, 0.3];
+        let mut y = x;
+        layer_norm_inplace(&mut y, &w, &b, 1e-12);
+        let mean = (1.0 - 2.0 + 3.0 + 0.5) / 4.0f64;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / 4.0;
+        for i in 0..4 {
+            let want = (x[i] as f64 - mean) / var.sqrt() * w[i] as f64 + b[i] as f64;
+            assert!((y[i] as f64 - want).abs() < 1e-6, "{i}: {} vs {want}", y[i]);
+        }
+    }
 
     #[test]
     fn matches_definition() {

@@ -366,3 +366,17 @@ fn attention_chunk_throughput() {
         );
     }
 }
+
+/// The matrices of a small BERT encoder (all-MiniLM-L6-v2: width 384,
+/// FFN 1536) against a batch of sentences' rows, in each weight type an
+/// embedding model may be run in.
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn encoder_rows_throughput() {
+    let pool = ThreadPool::new(2);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0] {
+        for (rows, cols) in [(384, 384), (1536, 384), (384, 1536)] {
+            bench(&pool, ty, rows, cols, 512, 0.5);
+        }
+    }
+}

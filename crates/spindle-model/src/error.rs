@@ -48,6 +48,12 @@ pub enum ModelError {
     NonFiniteActivations { row: usize },
     #[error("{0}")]
     InvalidBatch(String),
+    #[error("input {index} is {tokens} tokens, over the model's limit of {max}: shorten it, or ask for truncation")]
+    InputTooLong {
+        index: usize,
+        tokens: usize,
+        max: usize,
+    },
     #[error("sequence {seq} would reach {len} tokens, past the context of {ctx}: shorten the prompt or raise --ctx")]
     ContextFull { seq: usize, len: usize, ctx: usize },
     #[error("all {max} sequence slots of the KV cache are in use: finish a sequence first, or make the cache with more")]

@@ -5,6 +5,7 @@ pub mod arch;
 pub mod batch;
 pub mod chat_template;
 pub mod config;
+pub mod encoder;
 pub mod error;
 pub mod forward;
 pub mod heap;
