@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 /// The default model's file name.
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+/// The default embedding model's directory (`spindle pull all-minilm-l6-v2`).
+pub const DEFAULT_EMBEDDING_DIR: &str = "all-MiniLM-L6-v2";
 
 pub fn spindle_home() -> PathBuf {
     if let Some(h) = std::env::var_os("SPINDLE_HOME").filter(|h| !h.is_empty()) {

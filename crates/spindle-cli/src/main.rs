@@ -28,6 +28,9 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Talk with a model in a loop, using its chat template.
     Chat(commands::chat::ChatArgs),
+    /// One vector per text from an encoder model (default: all-MiniLM-L6-v2),
+    /// as JSON lines.
+    Embed(commands::embed::EmbedArgs),
     /// Print the token ids of a text as a JSON list.
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the text of token ids.
@@ -117,6 +120,7 @@ fn main() {
         Command::Pull(a) => commands::pull::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Chat(a) => commands::chat::run(a),
+        Command::Embed(a) => commands::embed::run(a),
         Command::Tokenize(a) => commands::tokenize::tokenize(a),
         Command::Detokenize(a) => commands::tokenize::detokenize(a),
         Command::Score(a) => commands::score::run(a),

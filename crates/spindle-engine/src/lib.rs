@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod constraint;
 pub mod decide;
+pub mod embed;
 pub mod error;
 pub mod generate;
 pub mod sampler;

@@ -24,7 +24,7 @@ pub struct HeadShape {
 compiled_per_isa! {
     /// `out[i] = softmax_j(scale * q[i] · k[j]) · v` for the `len` rows of one
     /// head: `q`, `v` and `out` are `len x head_dim` row-major, `kt` is
-    /// `head_dim x len`, `scores` at least `len` long (scratch).
+    /// `head_dim x len`, `scores` at least [`scores_len`] long (scratch).
     pub fn full_attention_head(
         q: &[f32],
         kt: &[f32],
@@ -51,41 +51,82 @@ fn full_attention_head_body(
     } = shape;
     assert!(q.len() >= len * head_dim && v.len() >= len * head_dim);
     assert!(kt.len() >= len * head_dim && out.len() >= len * head_dim);
-    let s = &mut scores[..len];
-    for i in 0..len {
-        let qi = &q[i * head_dim..(i + 1) * head_dim];
-        s.fill(0.0);
-        for (c, &qc) in qi.iter().enumerate() {
+    assert!(scores.len() >= QUERIES * len);
+    // Queries in groups of four: each key or value row is loaded once for
+    // the group, while each query's sums keep their own order.
+    let mut i = 0;
+    while i < len {
+        let g = (len - i).min(QUERIES);
+        let (s0, rest) = scores.split_at_mut(len);
+        let (s1, rest) = rest.split_at_mut(len);
+        let (s2, rest) = rest.split_at_mut(len);
+        let s3 = &mut rest[..len];
+        let mut s = [s0, s1, s2, s3];
+        for row in s.iter_mut() {
+            row.fill(0.0);
+        }
+        let qs: [&[f32]; QUERIES] = std::array::from_fn(|t| {
+            &q[(i + t.min(g - 1)) * head_dim..(i + t.min(g - 1) + 1) * head_dim]
+        });
+        let [a0, a1, a2, a3] = &mut s;
+        for c in 0..head_dim {
             let kc = &kt[c * len..(c + 1) * len];
-            for (x, &k) in s.iter_mut().zip(kc) {
-                *x += qc * k;
+            let (q0, q1, q2, q3) = (qs[0][c], qs[1][c], qs[2][c], qs[3][c]);
+            for ((((x0, x1), x2), x3), &k) in a0
+                .iter_mut()
+                .zip(a1.iter_mut())
+                .zip(a2.iter_mut())
+                .zip(a3.iter_mut())
+                .zip(kc)
+            {
+                *x0 += q0 * k;
+                *x1 += q1 * k;
+                *x2 += q2 * k;
+                *x3 += q3 * k;
             }
         }
-        let mut max = f32::NEG_INFINITY;
-        for x in s.iter_mut() {
-            *x *= scale;
-            max = max.max(*x);
-        }
-        let mut lanes = [0.0f32; 8];
-        for chunk in s.chunks_mut(8) {
-            for (l, x) in lanes.iter_mut().zip(chunk) {
-                *x = exp_nonpositive(*x - max);
-                *l += *x;
+        let mut inv = [0.0f32; QUERIES];
+        for (row, inv) in s.iter_mut().zip(inv.iter_mut()) {
+            let mut max = f32::NEG_INFINITY;
+            for x in row.iter_mut() {
+                *x *= scale;
+                max = max.max(*x);
             }
+            let mut lanes = [0.0f32; 8];
+            for chunk in row.chunks_mut(8) {
+                for (l, x) in lanes.iter_mut().zip(chunk) {
+                    *x = exp_nonpositive(*x - max);
+                    *l += *x;
+                }
+            }
+            *inv = 1.0 / tree8(&lanes);
         }
-        let inv = 1.0 / tree8(&lanes);
-        let o = &mut out[i * head_dim..(i + 1) * head_dim];
+        let o = &mut out[i * head_dim..(i + g) * head_dim];
         o.fill(0.0);
-        for (j, &p) in s.iter().enumerate() {
+        for j in 0..len {
             let vj = &v[j * head_dim..(j + 1) * head_dim];
-            for (y, &x) in o.iter_mut().zip(vj) {
-                *y += p * x;
+            for (t, ot) in o.chunks_exact_mut(head_dim).enumerate() {
+                let p = s[t][j];
+                for (y, &x) in ot.iter_mut().zip(vj) {
+                    *y += p * x;
+                }
             }
         }
-        for y in o.iter_mut() {
-            *y *= inv;
+        for (t, ot) in o.chunks_exact_mut(head_dim).enumerate() {
+            for y in ot.iter_mut() {
+                *y *= inv[t];
+            }
         }
+        i += g;
     }
+}
+
+/// Queries computed together.
+const QUERIES: usize = 4;
+
+/// Scratch `scores` must hold this many values for a text of `len` rows.
+pub fn scores_len(len: usize) -> usize {
+    QUERIES * len
 }
 
 #[cfg(test)]
@@ -123,7 +164,7 @@ mod tests {
             scale: 1.0 / (d as f32).sqrt(),
         };
         let scale = shape.scale;
-        let mut scores = vec![0.0; len];
+        let mut scores = vec![0.0; scores_len(len)];
         let mut want = vec![0.0; len * d];
         full_attention_head(Isa::Scalar, &q, &kt, &v, shape, &mut scores, &mut want);
         for i in 0..len {

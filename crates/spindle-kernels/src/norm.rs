@@ -29,14 +29,24 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
 }
 
 /// `x = (x - mean) / sqrt(var + eps) * weight + bias`, one row, in place
-/// (BERT's LayerNorm). Mean and variance are taken in f64 in index order,
-/// like [`rms_norm`]: the result depends only on the row.
+/// (BERT's LayerNorm). Mean and variance are summed in f64, element `k` in
+/// lane `k % 8`, the lanes then added in a fixed order: the result depends
+/// only on the row, and the sums vectorise.
 pub fn layer_norm_inplace(x: &mut [f32], weight: &[f32], bias: &[f32], eps: f32) {
     debug_assert_eq!(x.len(), weight.len());
     debug_assert_eq!(x.len(), bias.len());
+    fn lanes_sum(x: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+        let mut l = [0.0f64; 8];
+        for chunk in x.chunks(8) {
+            for (a, &v) in l.iter_mut().zip(chunk) {
+                *a += f(v as f64);
+            }
+        }
+        ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+    }
     let n = x.len().max(1) as f64;
-    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let mean = lanes_sum(x, |v| v) / n;
+    let var = lanes_sum(x, |v| (v - mean) * (v - mean)) / n;
     let inv = 1.0 / (var + eps as f64).sqrt();
     for ((v, &w), &b) in x.iter_mut().zip(weight).zip(bias) {
         *v = ((*v as f64 - mean) * inv) as f32 * w + b;

@@ -216,3 +216,60 @@ fn bad_inputs_are_refused_with_a_reason() {
         }])
         .is_err());
 }
+
+/// A tiny BertForSequenceClassification (random weights, made by
+/// `scripts/make_cross_encoder_fixture.py`): its pair scores and their
+/// order equal transformers'.
+#[test]
+fn a_cross_encoder_scores_pairs_as_transformers_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny/bert-cross-encoder");
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("refs.json")).unwrap()).unwrap();
+    let m = load_encoder(&dir, 2, EncoderOptions::default()).unwrap();
+    assert_eq!(m.encoder.config.classifier_labels, Some(1));
+    let query = refs["query"].as_str().unwrap();
+    let docs: Vec<&str> = refs["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    let pairs: Vec<_> = docs
+        .iter()
+        .map(|d| m.tokenizer.encode_pair(query, d).unwrap())
+        .collect();
+    for (p, want) in pairs.iter().zip(refs["pairs"].as_array().unwrap()) {
+        let ids: Vec<u32> = serde_json::from_value(want["ids"].clone()).unwrap();
+        let types: Vec<u32> = serde_json::from_value(want["type_ids"].clone()).unwrap();
+        assert_eq!((&p.ids, &p.type_ids), (&ids, &types));
+    }
+    let inputs: Vec<EncoderInput<'_>> = pairs
+        .iter()
+        .map(|e| EncoderInput {
+            ids: &e.ids,
+            type_ids: Some(&e.type_ids),
+        })
+        .collect();
+    let scores: Vec<f32> = m
+        .encoder
+        .classify(&inputs)
+        .unwrap()
+        .into_iter()
+        .map(|s| s[0])
+        .collect();
+    for (i, (got, want)) in scores
+        .iter()
+        .zip(refs["logits"].as_array().unwrap())
+        .enumerate()
+    {
+        let want = want.as_f64().unwrap();
+        assert!(
+            (*got as f64 - want).abs() < 1e-4,
+            "document {i}: {got} vs transformers' {want}"
+        );
+    }
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let want: Vec<usize> = serde_json::from_value(refs["order"].clone()).unwrap();
+    assert_eq!(order, want);
+}

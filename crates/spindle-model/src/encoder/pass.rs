@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use spindle_kernels::activation::gelu_erf;
-use spindle_kernels::encoder_attention::{full_attention_head, HeadShape};
+use spindle_kernels::encoder_attention::{full_attention_head, scores_len, HeadShape};
 use spindle_kernels::norm::layer_norm_inplace;
 
 use super::weights::EncoderLayer;
@@ -125,21 +125,23 @@ impl Encoder {
         self.linear(&l.qkv, &l.qkv_bias, x, n, &mut b.qkv)?;
         self.attention(spans, &b.qkv, &mut b.attn);
         self.linear(&l.out, &l.out_bias, &b.attn, n, &mut b.proj)?;
-        for (p, r) in x.chunks_exact_mut(h).zip(b.proj.chunks_exact(h)) {
-            for (v, &o) in p.iter_mut().zip(r) {
+        let proj = &b.proj;
+        self.rows_parallel(x, h, |r, row| {
+            for (v, &o) in row.iter_mut().zip(&proj[r * h..(r + 1) * h]) {
                 *v += o;
             }
-            layer_norm_inplace(p, &l.attn_norm.0, &l.attn_norm.1, c.eps);
-        }
+            layer_norm_inplace(row, &l.attn_norm.0, &l.attn_norm.1, c.eps);
+        });
         self.linear(&l.up, &l.up_bias, x, n, &mut b.up)?;
-        gelu_erf(self.isa, &mut b.up);
+        self.rows_parallel(&mut b.up, c.ffn, |_, row| gelu_erf(self.isa, row));
         self.linear(&l.down, &l.down_bias, &b.up, n, &mut b.proj)?;
-        for (p, r) in x.chunks_exact_mut(h).zip(b.proj.chunks_exact(h)) {
-            for (v, &o) in p.iter_mut().zip(r) {
+        let proj = &b.proj;
+        self.rows_parallel(x, h, |r, row| {
+            for (v, &o) in row.iter_mut().zip(&proj[r * h..(r + 1) * h]) {
                 *v += o;
             }
-            layer_norm_inplace(p, &l.out_norm.0, &l.out_norm.1, c.eps);
-        }
+            layer_norm_inplace(row, &l.out_norm.0, &l.out_norm.1, c.eps);
+        });
         Ok(())
     }
 
@@ -161,12 +163,28 @@ impl Encoder {
             &mut out[..n * m.rows],
             &self.pool,
         )?;
-        for row in out[..n * m.rows].chunks_exact_mut(m.rows) {
+        self.rows_parallel(&mut out[..n * m.rows], m.rows, |_, row| {
             for (v, &b) in row.iter_mut().zip(bias) {
                 *v += b;
             }
-        }
+        });
         Ok(())
+    }
+
+    /// `f(r, row r)` for every row of `data` (rows of `width`), in blocks
+    /// of rows spread over the threads; each row's result is the same
+    /// whichever thread runs it.
+    fn rows_parallel(&self, data: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        const BLOCK_ROWS: usize = 32;
+        let n = data.len() / width;
+        let blocks = DisjointChunks::new(data, BLOCK_ROWS * width);
+        for_each_task(&self.pool, n.div_ceil(BLOCK_ROWS), |t| {
+            // SAFETY: each task is one block, and each block one task.
+            let block = unsafe { blocks.chunk_mut(t) };
+            for (i, row) in block.chunks_exact_mut(width).enumerate() {
+                f(t * BLOCK_ROWS + i, row);
+            }
+        });
     }
 
     /// Each text's heads, one task per text.
@@ -181,7 +199,7 @@ impl Encoder {
             let mut kt = vec![0.0f32; len * d];
             let mut v = vec![0.0f32; len * d];
             let mut o = vec![0.0f32; len * d];
-            let mut scores = vec![0.0f32; len];
+            let mut scores = vec![0.0f32; scores_len(len)];
             let mut result = vec![0.0f32; len * h];
             let shape = HeadShape {
                 len,
