@@ -554,7 +554,16 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
                     _ => avx2,
                 },
             ),
-            float => float,
+            // Float weights: the AVX2 one-row kernel, the AVX-512 tile for
+            // many rows (same lanes, same bits).
+            Kernel::Float(rows, _) => Kernel::Float(
+                rows,
+                match ty {
+                    GgmlType::F32 => float::avx512::range::<F32>,
+                    GgmlType::F16 => float::avx512::range::<F16>,
+                    _ => float::avx512::range::<Bf16>,
+                },
+            ),
         }),
         #[allow(unreachable_patterns)]
         _ => Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),

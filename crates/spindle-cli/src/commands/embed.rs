@@ -122,10 +122,11 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     let options = EmbedOptions {
         truncate: args.truncate,
     };
+    // Timed from the raw texts: tokenizing is part of the work.
+    let started = Instant::now();
     let encoded = embedder
         .prepare(&inputs, options, "input")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let started = Instant::now();
     let vectors = embedder
         .embed_with(&encoded, pooling, normalize)
         .map_err(|e| anyhow::anyhow!("{e}"))?;

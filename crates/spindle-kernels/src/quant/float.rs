@@ -45,6 +45,13 @@ pub(crate) trait FloatElem {
     /// AVX2, FMA and F16C available; `p..p + 8 * BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8_avx2(p: *const u8) -> std::arch::x86_64::__m256;
+
+    /// Sixteen elements from `p`, widened to f32.
+    ///
+    /// # Safety
+    /// AVX-512F available; `p..p + 16 * BYTES` readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16_avx512(p: *const u8) -> std::arch::x86_64::__m512;
 }
 
 /// F32 weights.
@@ -71,6 +78,15 @@ impl FloatElem for F32 {
     unsafe fn load8_avx2(p: *const u8) -> std::arch::x86_64::__m256 {
         unsafe { crate::simd::avx2::load_ps(p.cast()) }
     }
+
+    /// # Safety
+    /// As [`FloatElem::load16_avx512`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16_avx512(p: *const u8) -> std::arch::x86_64::__m512 {
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p.cast()) }
+    }
 }
 
 impl FloatElem for F16 {
@@ -91,6 +107,18 @@ impl FloatElem for F16 {
         unsafe {
             use std::arch::x86_64::*;
             _mm256_cvtph_ps(crate::simd::avx2::load_128(p))
+        }
+    }
+
+    /// # Safety
+    /// As [`FloatElem::load16_avx512`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16_avx512(p: *const u8) -> std::arch::x86_64::__m512 {
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
         }
     }
 }
@@ -114,6 +142,19 @@ impl FloatElem for Bf16 {
             use std::arch::x86_64::*;
             let h = crate::simd::avx2::load_128(p);
             _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
+    }
+
+    /// # Safety
+    /// As [`FloatElem::load16_avx512`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16_avx512(p: *const u8) -> std::arch::x86_64::__m512 {
+        unsafe {
+            use std::arch::x86_64::*;
+            let h = _mm256_loadu_si256(p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
         }
     }
 }
@@ -201,7 +242,7 @@ pub(crate) mod avx2 {
     /// Weight rows per register tile.
     const MR: usize = 4;
     /// Activation rows per register tile.
-    const NR: usize = 2;
+    const NR: usize = 3;
 
     /// The `R x C` tile of dots of weight rows `w[r]` with activation rows
     /// `x[c]` (`n` elements each), lane by lane as [`dot`]: for each of the 4
@@ -405,6 +446,214 @@ pub(crate) mod avx2 {
             );
             for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
                 *o = dot::<E>(row, x);
+            }
+        }
+    }
+}
+
+/// AVX-512 multi-row: the same lanes as [`avx2`], sixteen of them per
+/// register (lanes 0-15 and 16-31 of each dot in two registers), so a
+/// register tile of 4 weight rows x 3 activation rows keeps all 32 lanes of
+/// its 12 dots in 24 registers and reads every row contiguously. Each lane
+/// gets the same fused multiply-adds in the same order as on every other
+/// path, and the lanes are reduced as [`tree32`] does: bit for bit the
+/// scalar result.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::{FloatElem, FloatJob};
+    use crate::simd::avx2::tree8_ps;
+    use std::arch::x86_64::*;
+
+    const MR: usize = 4;
+    const NR: usize = 2;
+
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512F available; `w[r]` holds `n` elements of
+    /// `E` and `x[c]` `n` floats, `n` a multiple of 32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn tile<E: FloatElem, const R: usize, const C: usize>(
+        w: &[*const u8; R],
+        x: &[*const f32; C],
+        n: usize,
+    ) -> [[f32; C]; R] {
+        unsafe {
+            let mut lo = [[_mm512_setzero_ps(); C]; R];
+            let mut hi = [[_mm512_setzero_ps(); C]; R];
+            let mut k = 0;
+            while k < n {
+                let mut xl = [_mm512_setzero_ps(); C];
+                let mut xh = [_mm512_setzero_ps(); C];
+                for c in 0..C {
+                    xl[c] = _mm512_loadu_ps(x[c].add(k));
+                    xh[c] = _mm512_loadu_ps(x[c].add(k + 16));
+                }
+                for r in 0..R {
+                    let wl = E::load16_avx512(w[r].add(k * E::BYTES));
+                    let wh = E::load16_avx512(w[r].add((k + 16) * E::BYTES));
+                    for c in 0..C {
+                        lo[r][c] = _mm512_fmadd_ps(wl, xl[c], lo[r][c]);
+                        hi[r][c] = _mm512_fmadd_ps(wh, xh[c], hi[r][c]);
+                    }
+                }
+                k += 32;
+            }
+            let mut out = [[0.0f32; C]; R];
+            for r in 0..R {
+                for c in 0..C {
+                    // tree32's first step, (l[j] + l[j+8]) + (l[j+16] + l[j+24]),
+                    // as whole registers, then tree8.
+                    let a = _mm256_add_ps(
+                        _mm512_castps512_ps256(lo[r][c]),
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lo[r][c]), 1)),
+                    );
+                    let b = _mm256_add_ps(
+                        _mm512_castps512_ps256(hi[r][c]),
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hi[r][c]), 1)),
+                    );
+                    out[r][c] = tree8_ps(_mm256_add_ps(a, b));
+                }
+            }
+            out
+        }
+    }
+
+    /// # Safety
+    /// As [`tile`]; weight rows `r..r + R` and activation rows `i..i + C`
+    /// exist and the caller owns those outputs.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn run_tile<E: FloatElem, const R: usize, const C: usize>(
+        job: &FloatJob<'_>,
+        r: usize,
+        i: usize,
+    ) {
+        unsafe {
+            let mut w = [job.data.as_ptr(); R];
+            for (t, p) in w.iter_mut().enumerate() {
+                *p = p.add((r + t) * job.row_bytes);
+            }
+            let mut x = [job.x.as_ptr(); C];
+            for (c, p) in x.iter_mut().enumerate() {
+                *p = p.add((i + c) * job.cols);
+            }
+            let res = tile::<E, R, C>(&w, &x, job.cols);
+            for (t, row) in res.iter().enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    job.out.set((i + c) * job.rows + r + t, v);
+                }
+            }
+        }
+    }
+
+    /// The `rt x ct` tile at weight rows `r..`, activation rows `i..`.
+    ///
+    /// # Safety
+    /// As [`run_tile`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn run_any<E: FloatElem>(job: &FloatJob<'_>, r: usize, rt: usize, i: usize, ct: usize) {
+        unsafe {
+            match (rt, ct) {
+                (4, 2) => run_tile::<E, 4, 2>(job, r, i),
+                (4, _) => run_tile::<E, 4, 1>(job, r, i),
+                (3, 2) => run_tile::<E, 3, 2>(job, r, i),
+                (3, _) => run_tile::<E, 3, 1>(job, r, i),
+                (2, 2) => run_tile::<E, 2, 2>(job, r, i),
+                (2, _) => run_tile::<E, 2, 1>(job, r, i),
+                (_, 2) => run_tile::<E, 1, 2>(job, r, i),
+                _ => run_tile::<E, 1, 1>(job, r, i),
+            }
+        }
+    }
+
+    /// [`run_any`] for weight rows `r..r + rt` of `job` widened to f32 in
+    /// `wide` (`MR` rows of `job.cols`; rows past `rt` are read and their
+    /// results dropped).
+    ///
+    /// # Safety
+    /// As [`run_tile`]; `wide` holds `MR * job.cols` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn run_widened(job: &FloatJob<'_>, wide: *const f32, r: usize, rt: usize, i: usize, ct: usize) {
+        unsafe {
+            let mut w = [wide.cast::<u8>(); MR];
+            for (t, p) in w.iter_mut().enumerate() {
+                *p = p.add(t * job.cols * 4);
+            }
+            // Rows past `ct` repeat the last one; their results are dropped.
+            let mut x = [job.x.as_ptr(); NR];
+            for (c, p) in x.iter_mut().enumerate() {
+                *p = p.add((i + c.min(ct - 1)) * job.cols);
+            }
+            let res = tile::<super::F32, MR, NR>(&w, &x, job.cols);
+            for (t, row) in res.iter().enumerate().take(rt) {
+                for (c, &v) in row.iter().enumerate().take(ct) {
+                    job.out.set((i + c) * job.rows + r + t, v);
+                }
+            }
+        }
+    }
+
+    /// Weight rows `r0..r1` x activation rows `i0..i1`; rows whose length
+    /// is not a multiple of 32 go to [`super::avx2::range`] (same bits).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512F available; the caller owns output
+    /// elements `(i, r)` for `i` in `i0..i1`, `r` in `r0..r1`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(crate) unsafe fn range<E: FloatElem>(
+        job: &FloatJob<'_>,
+        r0: usize,
+        r1: usize,
+        i0: usize,
+        i1: usize,
+    ) {
+        unsafe {
+            if !job.cols.is_multiple_of(32) {
+                return super::avx2::range::<E>(job, r0, r1, i0, i1);
+            }
+            assert!(
+                job.row_bytes == job.cols * E::BYTES
+                    && job.data.len() >= r1 * job.row_bytes
+                    && job.x.len() >= i1 * job.cols,
+                "float kernel: inconsistent shapes"
+            );
+            let chunk = crate::quant::multi_row::act_chunk_rows(4 * job.cols);
+            // F16 and BF16 tiles are widened to f32 once per chunk of
+            // activation rows (exactly: both convert without rounding), not
+            // once per pair of rows: the conversions would cost more than
+            // the multiply-adds.
+            let widen = E::BYTES != 4;
+            let mut wide = vec![0.0f32; if widen { MR * job.cols } else { 0 }];
+            let mut c0 = i0;
+            while c0 < i1 {
+                let c1 = (c0 + chunk).min(i1);
+                let mut t0 = r0;
+                while t0 < r1 {
+                    let rt = (r1 - t0).min(MR);
+                    if widen {
+                        for r in 0..rt {
+                            let src = job.data.as_ptr().add((t0 + r) * job.row_bytes);
+                            let dst = wide.as_mut_ptr().add(r * job.cols);
+                            for k in (0..job.cols).step_by(16) {
+                                _mm512_storeu_ps(dst.add(k), E::load16_avx512(src.add(k * E::BYTES)));
+                            }
+                        }
+                    }
+                    let mut i = c0;
+                    while i < c1 {
+                        let ct = (c1 - i).min(NR);
+                        if widen {
+                            run_widened(job, wide.as_ptr(), t0, rt, i, ct);
+                        } else {
+                            run_any::<E>(job, t0, rt, i, ct);
+                        }
+                        i += ct;
+                    }
+                    t0 += rt;
+                }
+                c0 = c1;
             }
         }
     }
