@@ -26,7 +26,17 @@ fn start(model: &Path, embedding: &Path) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
         .args(["serve", "-m"])
         .arg(model)
-        .args(["--port", "0", "-t", "2", "--max-seqs", "2", "--ctx", "512", "--embedding-model"])
+        .args([
+            "--port",
+            "0",
+            "-t",
+            "2",
+            "--max-seqs",
+            "2",
+            "--ctx",
+            "512",
+            "--embedding-model",
+        ])
         .arg(embedding)
         .env("SPINDLE_LOG", "error")
         .stdout(Stdio::piped())
@@ -46,7 +56,9 @@ fn required(what: &str) -> bool {
 
 #[test]
 fn embeddings_and_rerank_through_the_openai_client() {
-    let Some(model) = common::real_model() else { return };
+    let Some(model) = common::real_model() else {
+        return;
+    };
     let home = std::env::var_os("SPINDLE_HOME").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle"),
         PathBuf::from,
@@ -69,7 +81,8 @@ fn embeddings_and_rerank_through_the_openai_client() {
         required("the openai Python client is missing (python3 -m pip install --target target/pydeps openai)");
         return;
     }
-    let model_fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../spindle-model/tests/fixtures");
+    let model_fixtures =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../spindle-model/tests/fixtures");
     let cross = model_fixtures.join("tiny/bert-cross-encoder");
     let (_s1, url) = start(&model, &minilm);
     let (_s2, cross_url) = start(&model, &cross);
@@ -83,5 +96,8 @@ fn embeddings_and_rerank_through_the_openai_client() {
         .env("SPINDLE_CROSS_REFS", cross.join("refs.json"))
         .status()
         .expect("python3 runs");
-    assert!(status.success(), "check_embeddings.py failed (its output is above)");
+    assert!(
+        status.success(),
+        "check_embeddings.py failed (its output is above)"
+    );
 }

@@ -13,18 +13,24 @@
 use crate::simd::{compiled_per_isa, tree8};
 use crate::softmax::exp_nonpositive;
 
-/// One head of one text: its rows, the head's width, the score scale.
+/// One head of one text: its rows, the head's width, the score scale, and
+/// the distance between rows of `q`, `v` and `out` (they may be columns of
+/// wider rows, as a head's are of a layer's Q, K, V rows).
 #[derive(Debug, Clone, Copy)]
 pub struct HeadShape {
     pub len: usize,
     pub head_dim: usize,
     pub scale: f32,
+    pub q_stride: usize,
+    pub v_stride: usize,
+    pub out_stride: usize,
 }
 
 compiled_per_isa! {
     /// `out[i] = softmax_j(scale * q[i] · k[j]) · v` for the `len` rows of one
-    /// head: `q`, `v` and `out` are `len x head_dim` row-major, `kt` is
-    /// `head_dim x len`, `scores` at least [`scores_len`] long (scratch).
+    /// head: row `i` of `q`, `v` and `out` starts at `i` times its stride and
+    /// is `head_dim` long, `kt` is `head_dim x len`, `scores` at least
+    /// [`scores_len`] long (scratch).
     pub fn full_attention_head(
         q: &[f32],
         kt: &[f32],
@@ -48,9 +54,13 @@ fn full_attention_head_body(
         len,
         head_dim,
         scale,
+        q_stride,
+        v_stride,
+        out_stride,
     } = shape;
-    assert!(q.len() >= len * head_dim && v.len() >= len * head_dim);
-    assert!(kt.len() >= len * head_dim && out.len() >= len * head_dim);
+    let end = |stride: usize| (len - 1) * stride + head_dim;
+    assert!(len > 0 && q.len() >= end(q_stride) && v.len() >= end(v_stride));
+    assert!(kt.len() >= len * head_dim && out.len() >= end(out_stride));
     assert!(scores.len() >= QUERIES * len);
     // Queries in groups of four: each key or value row is loaded once for
     // the group, while each query's sums keep their own order.
@@ -66,17 +76,39 @@ fn full_attention_head_body(
             row.fill(0.0);
         }
         let qs: [&[f32]; QUERIES] = std::array::from_fn(|t| {
-            &q[(i + t.min(g - 1)) * head_dim..(i + t.min(g - 1) + 1) * head_dim]
+            let at = (i + t.min(g - 1)) * q_stride;
+            &q[at..at + head_dim]
         });
+        // Keys in blocks of 16 whose sums stay in registers while the
+        // dimensions go by; the rest one slice at a time. Either way each
+        // score is summed over the dimensions in order.
+        let full = len / BLOCK * BLOCK;
+        for jb in (0..full).step_by(BLOCK) {
+            let mut acc = [[0.0f32; BLOCK]; QUERIES];
+            for c in 0..head_dim {
+                let k: &[f32; BLOCK] = kt[c * len + jb..c * len + jb + BLOCK]
+                    .try_into()
+                    .expect("a block");
+                for (a, qt) in acc.iter_mut().zip(&qs) {
+                    let qc = qt[c];
+                    for (x, &kv) in a.iter_mut().zip(k) {
+                        *x += qc * kv;
+                    }
+                }
+            }
+            for (row, a) in s.iter_mut().zip(&acc) {
+                row[jb..jb + BLOCK].copy_from_slice(a);
+            }
+        }
         let [a0, a1, a2, a3] = &mut s;
         for c in 0..head_dim {
-            let kc = &kt[c * len..(c + 1) * len];
+            let kc = &kt[c * len + full..(c + 1) * len];
             let (q0, q1, q2, q3) = (qs[0][c], qs[1][c], qs[2][c], qs[3][c]);
-            for ((((x0, x1), x2), x3), &k) in a0
+            for ((((x0, x1), x2), x3), &k) in a0[full..]
                 .iter_mut()
-                .zip(a1.iter_mut())
-                .zip(a2.iter_mut())
-                .zip(a3.iter_mut())
+                .zip(a1[full..].iter_mut())
+                .zip(a2[full..].iter_mut())
+                .zip(a3[full..].iter_mut())
                 .zip(kc)
             {
                 *x0 += q0 * k;
@@ -101,20 +133,41 @@ fn full_attention_head_body(
             }
             *inv = 1.0 / tree8(&lanes);
         }
-        let o = &mut out[i * head_dim..(i + g) * head_dim];
-        o.fill(0.0);
-        for j in 0..len {
-            let vj = &v[j * head_dim..(j + 1) * head_dim];
-            for (t, ot) in o.chunks_exact_mut(head_dim).enumerate() {
-                let p = s[t][j];
-                for (y, &x) in ot.iter_mut().zip(vj) {
-                    *y += p * x;
+        let row = |j: usize| &v[j * v_stride..j * v_stride + head_dim];
+        if head_dim.is_multiple_of(BLOCK) {
+            // Each block of 16 dimensions of the four outputs in registers
+            // while the keys go by (in order).
+            for cb in (0..head_dim).step_by(BLOCK) {
+                let mut acc = [[0.0f32; BLOCK]; QUERIES];
+                for j in 0..len {
+                    let vj: &[f32; BLOCK] = row(j)[cb..cb + BLOCK].try_into().expect("a block");
+                    for (a, sr) in acc.iter_mut().zip(&s) {
+                        let p = sr[j];
+                        for (y, &x) in a.iter_mut().zip(vj) {
+                            *y += p * x;
+                        }
+                    }
+                }
+                for t in 0..g {
+                    let ot = &mut out[(i + t) * out_stride + cb..(i + t) * out_stride + cb + BLOCK];
+                    for (y, &a) in ot.iter_mut().zip(&acc[t]) {
+                        *y = a * inv[t];
+                    }
                 }
             }
-        }
-        for (t, ot) in o.chunks_exact_mut(head_dim).enumerate() {
-            for y in ot.iter_mut() {
-                *y *= inv[t];
+        } else {
+            for t in 0..g {
+                let ot = &mut out[(i + t) * out_stride..(i + t) * out_stride + head_dim];
+                ot.fill(0.0);
+                for j in 0..len {
+                    let p = s[t][j];
+                    for (y, &x) in ot.iter_mut().zip(row(j)) {
+                        *y += p * x;
+                    }
+                }
+                for y in ot.iter_mut() {
+                    *y *= inv[t];
+                }
             }
         }
         i += g;
@@ -123,6 +176,8 @@ fn full_attention_head_body(
 
 /// Queries computed together.
 const QUERIES: usize = 4;
+/// Keys (for scores) or dimensions (for outputs) summed in registers at once.
+const BLOCK: usize = 16;
 
 /// Scratch `scores` must hold this many values for a text of `len` rows.
 pub fn scores_len(len: usize) -> usize {
@@ -148,7 +203,12 @@ mod tests {
 
     #[test]
     fn matches_f64_softmax_attention_on_every_path() {
-        let (len, d) = (37, 32);
+        for (len, d) in [(37, 32), (53, 24), (5, 64)] {
+            check_shape(len, d);
+        }
+    }
+
+    fn check_shape(len: usize, d: usize) {
         let q = data(len * d, 1);
         let k = data(len * d, 2);
         let v = data(len * d, 3);
@@ -162,6 +222,9 @@ mod tests {
             len,
             head_dim: d,
             scale: 1.0 / (d as f32).sqrt(),
+            q_stride: d,
+            v_stride: d,
+            out_stride: d,
         };
         let scale = shape.scale;
         let mut scores = vec![0.0; scores_len(len)];

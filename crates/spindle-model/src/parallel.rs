@@ -45,6 +45,23 @@ impl<'a, T> DisjointChunks<'a, T> {
         }
     }
 
+    /// Chunks `first..end` of the slice as one run (the last one may be
+    /// shorter).
+    ///
+    /// # Safety
+    /// No other live reference to any of those chunks may exist.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn run_mut(&self, first: usize, end: usize) -> &mut [T] {
+        let start = first * self.chunk;
+        let stop = (end * self.chunk).min(self.len);
+        assert!(
+            start <= stop && first < end,
+            "chunks {first}..{end} out of range"
+        );
+        // SAFETY: in bounds (checked above); exclusive by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), stop - start) }
+    }
+
     /// Chunk `i` of the slice (the last one may be shorter).
     ///
     /// # Safety

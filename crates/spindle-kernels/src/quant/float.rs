@@ -578,7 +578,14 @@ pub(crate) mod avx512 {
     /// As [`run_tile`]; `wide` holds `MR * job.cols` floats.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    unsafe fn run_widened(job: &FloatJob<'_>, wide: *const f32, r: usize, rt: usize, i: usize, ct: usize) {
+    unsafe fn run_widened(
+        job: &FloatJob<'_>,
+        wide: *const f32,
+        r: usize,
+        rt: usize,
+        i: usize,
+        ct: usize,
+    ) {
         unsafe {
             let mut w = [wide.cast::<u8>(); MR];
             for (t, p) in w.iter_mut().enumerate() {
@@ -640,7 +647,10 @@ pub(crate) mod avx512 {
                             let src = job.data.as_ptr().add((t0 + r) * job.row_bytes);
                             let dst = wide.as_mut_ptr().add(r * job.cols);
                             for k in (0..job.cols).step_by(16) {
-                                _mm512_storeu_ps(dst.add(k), E::load16_avx512(src.add(k * E::BYTES)));
+                                _mm512_storeu_ps(
+                                    dst.add(k),
+                                    E::load16_avx512(src.add(k * E::BYTES)),
+                                );
                             }
                         }
                     }

@@ -187,7 +187,9 @@ impl Encoder {
         });
     }
 
-    /// Each text's heads, one task per text.
+    /// Each text's heads, one task per text. Queries and values are read
+    /// in place from the Q, K, V rows (a head is a run of their columns),
+    /// the keys transposed per head, the output written in place.
     fn attention(&self, spans: &[Range<usize>], qkv: &[f32], out: &mut [f32]) {
         let c = &self.config;
         let (h, d) = (c.hidden, c.head_dim());
@@ -195,37 +197,37 @@ impl Encoder {
         for_each_task(&self.pool, spans.len(), |t| {
             let span = spans[t].clone();
             let len = span.len();
-            let mut q = vec![0.0f32; len * d];
             let mut kt = vec![0.0f32; len * d];
-            let mut v = vec![0.0f32; len * d];
-            let mut o = vec![0.0f32; len * d];
             let mut scores = vec![0.0f32; scores_len(len)];
-            let mut result = vec![0.0f32; len * h];
+            // SAFETY: the text's rows are one run of whole chunks (rows),
+            // and each text is one task.
+            let out = unsafe { rows.run_mut(span.start, span.end) };
+            let base = &qkv[span.start * 3 * h..span.end * 3 * h];
             let shape = HeadShape {
                 len,
                 head_dim: d,
                 scale: 1.0 / (d as f32).sqrt(),
+                q_stride: 3 * h,
+                v_stride: 3 * h,
+                out_stride: h,
             };
             for head in 0..c.heads {
-                for (i, r) in span.clone().enumerate() {
-                    let row = &qkv[r * 3 * h..(r + 1) * 3 * h];
-                    let at = head * d;
-                    q[i * d..(i + 1) * d].copy_from_slice(&row[at..at + d]);
-                    v[i * d..(i + 1) * d].copy_from_slice(&row[2 * h + at..2 * h + at + d]);
-                    for (ch, &k) in row[h + at..h + at + d].iter().enumerate() {
-                        kt[ch * len + i] = k;
+                let at = head * d;
+                for i in 0..len {
+                    let k = &base[i * 3 * h + h + at..i * 3 * h + h + at + d];
+                    for (ch, &kv) in k.iter().enumerate() {
+                        kt[ch * len + i] = kv;
                     }
                 }
-                full_attention_head(self.isa, &q, &kt, &v, shape, &mut scores, &mut o);
-                for i in 0..len {
-                    result[i * h + head * d..i * h + (head + 1) * d]
-                        .copy_from_slice(&o[i * d..(i + 1) * d]);
-                }
-            }
-            for (i, r) in span.enumerate() {
-                // SAFETY: rows of different texts are different chunks, and
-                // each text is one task.
-                unsafe { rows.chunk_mut(r) }.copy_from_slice(&result[i * h..(i + 1) * h]);
+                full_attention_head(
+                    self.isa,
+                    &base[at..],
+                    &kt,
+                    &base[2 * h + at..],
+                    shape,
+                    &mut scores,
+                    &mut out[at..],
+                );
             }
         });
     }
