@@ -159,8 +159,7 @@ fn full_attention_head_body(
             for t in 0..g {
                 let ot = &mut out[(i + t) * out_stride..(i + t) * out_stride + head_dim];
                 ot.fill(0.0);
-                for j in 0..len {
-                    let p = s[t][j];
+                for (j, &p) in s[t].iter().enumerate() {
                     for (y, &x) in ot.iter_mut().zip(row(j)) {
                         *y += p * x;
                     }
