@@ -110,6 +110,12 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         .threads
         .unwrap_or_else(spindle_kernels::cpu::physical_cores)
         .max(1);
+    if let Some(m) = &args.model {
+        check_path_exists("-m", m)?;
+        if !spindle_model::encoder::is_encoder(m) {
+            return run_decoder(&args, m, texts, threads);
+        }
+    }
     let embedder = args.encoder.load(&args.model, threads)?;
     let pooling = match args.pooling.as_deref() {
         None => embedder.pooling(),
@@ -148,6 +154,66 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         pooling.name(),
         spindle_kernels::simd::detected_isa(),
         embedder.encoder.weights.layers[0].up.ty,
+    );
+    Ok(())
+}
+
+/// A decoder as the embedder: its final normed hidden states pooled (mean
+/// unless `--pooling` says otherwise), unit length unless `--no-normalize`.
+fn run_decoder(
+    args: &EmbedArgs,
+    path: &std::path::Path,
+    texts: Vec<String>,
+    threads: usize,
+) -> Result<()> {
+    let pooling = match args.pooling.as_deref() {
+        None => Pooling::Mean,
+        Some(p) => {
+            Pooling::parse(p).with_context(|| format!("--pooling {p}: give mean, cls or last"))?
+        }
+    };
+    let loaded = spindle_model::load(path, threads)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let tok = crate::options::tokenizer(&loaded)?;
+    let started = Instant::now();
+    let mut ids = Vec::with_capacity(texts.len());
+    for t in &texts {
+        ids.push(tok.encode(t, tok.add_bos_default(), false)?);
+    }
+    let longest = ids.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    let ctx = loaded.model.config.context_length.max(1);
+    if longest > ctx {
+        bail!("a text has {longest} tokens, over the model's context of {ctx}: shorten it");
+    }
+    let layout = loaded
+        .model
+        .kv_layout(spindle_model::KvType::F16, longest, 64);
+    let mut kv = spindle_model::KvCache::new(layout);
+    let vectors = spindle_engine::embed::embed_with_decoder(
+        &loaded.model,
+        &mut kv,
+        &ids,
+        pooling,
+        !args.no_normalize,
+        args.encoder.batch_tokens.max(longest),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let secs = started.elapsed().as_secs_f64();
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let tokens: usize = ids.iter().map(Vec::len).sum();
+    for (index, (t, v)) in ids.iter().zip(vectors).enumerate() {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"index": index, "tokens": t.len(), "embedding": v})
+        )?;
+    }
+    out.flush()?;
+    eprintln!(
+        "embedded {} texts ({tokens} tokens) in {secs:.3} s with the decoder {} ({} pooling), {threads} threads",
+        ids.len(),
+        loaded.name,
+        pooling.name()
     );
     Ok(())
 }

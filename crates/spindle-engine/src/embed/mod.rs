@@ -9,10 +9,12 @@
 //! job gets its own results back. A text's vector is the same whatever it
 //! shares a pass with (`spindle_model::encoder`).
 
+mod decoder;
 mod service;
 
 use spindle_model::encoder::{EncodedText, Encoder, EncoderInput, EncoderTokenizer, Pooling};
 
+pub use decoder::embed_with_decoder;
 pub use service::{spawn_embedder, EmbedHandle, EmbedJob, EmbedMetrics, JobKind};
 
 use crate::error::{ErrorKind, RequestError};
