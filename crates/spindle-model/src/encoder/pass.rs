@@ -124,24 +124,47 @@ impl Encoder {
         let (h, n) = (c.hidden, spans.last().map_or(0, |s| s.end));
         self.linear(&l.qkv, &l.qkv_bias, x, n, &mut b.qkv)?;
         self.attention(spans, &b.qkv, &mut b.attn);
-        self.linear(&l.out, &l.out_bias, &b.attn, n, &mut b.proj)?;
+        // The other biases are added inside the next row step (one pass
+        // over each buffer fewer; the same operations in the same order).
+        self.matmul(&l.out, &b.attn, n, &mut b.proj)?;
         let proj = &b.proj;
         self.rows_parallel(x, h, |r, row| {
-            for (v, &o) in row.iter_mut().zip(&proj[r * h..(r + 1) * h]) {
-                *v += o;
+            let p = &proj[r * h..(r + 1) * h];
+            for ((v, &o), &bias) in row.iter_mut().zip(p).zip(&l.out_bias) {
+                *v += o + bias;
             }
             layer_norm_inplace(row, &l.attn_norm.0, &l.attn_norm.1, c.eps);
         });
-        self.linear(&l.up, &l.up_bias, x, n, &mut b.up)?;
-        self.rows_parallel(&mut b.up, c.ffn, |_, row| gelu_erf(self.isa, row));
-        self.linear(&l.down, &l.down_bias, &b.up, n, &mut b.proj)?;
+        self.matmul(&l.up, x, n, &mut b.up)?;
+        self.rows_parallel(&mut b.up, c.ffn, |_, row| {
+            for (v, &bias) in row.iter_mut().zip(&l.up_bias) {
+                *v += bias;
+            }
+            gelu_erf(self.isa, row);
+        });
+        self.matmul(&l.down, &b.up, n, &mut b.proj)?;
         let proj = &b.proj;
         self.rows_parallel(x, h, |r, row| {
-            for (v, &o) in row.iter_mut().zip(&proj[r * h..(r + 1) * h]) {
-                *v += o;
+            let p = &proj[r * h..(r + 1) * h];
+            for ((v, &o), &bias) in row.iter_mut().zip(p).zip(&l.down_bias) {
+                *v += o + bias;
             }
             layer_norm_inplace(row, &l.out_norm.0, &l.out_norm.1, c.eps);
         });
+        Ok(())
+    }
+
+    /// `out = x · mᵀ` for `n` rows.
+    fn matmul(&self, m: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        spindle_kernels::matmul::matmul_with(
+            self.isa,
+            Default::default(),
+            &m.view(),
+            x,
+            n,
+            &mut out[..n * m.rows],
+            &self.pool,
+        )?;
         Ok(())
     }
 
@@ -154,15 +177,7 @@ impl Encoder {
         n: usize,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
-        spindle_kernels::matmul::matmul_with(
-            self.isa,
-            Default::default(),
-            &m.view(),
-            x,
-            n,
-            &mut out[..n * m.rows],
-            &self.pool,
-        )?;
+        self.matmul(m, x, n, out)?;
         self.rows_parallel(&mut out[..n * m.rows], m.rows, |_, row| {
             for (v, &b) in row.iter_mut().zip(bias) {
                 *v += b;
