@@ -232,6 +232,43 @@ pub(crate) unsafe fn range_scalar<E: FloatElem>(
     }
 }
 
+/// Where the rows of an `R x C` register tile start: weight rows `r..r + R`
+/// and activation rows `i..i + C` of `job` (pointers only; the kernels read
+/// them under their own safety contracts).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tile_rows<const R: usize, const C: usize>(
+    job: &FloatJob<'_>,
+    r: usize,
+    i: usize,
+) -> ([*const u8; R], [*const f32; C]) {
+    (
+        std::array::from_fn(|t| job.data.as_ptr().wrapping_add((r + t) * job.row_bytes)),
+        std::array::from_fn(|c| job.x.as_ptr().wrapping_add((i + c) * job.cols)),
+    )
+}
+
+/// Writes an `R x C` tile's dots: weight row `r + t` against activation row
+/// `i + c`.
+///
+/// # Safety
+/// The caller owns those output elements ([`OutPtr::set`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn write_tile<const R: usize, const C: usize>(
+    job: &FloatJob<'_>,
+    r: usize,
+    i: usize,
+    res: &[[f32; C]; R],
+) {
+    for (t, row) in res.iter().enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            // SAFETY: the caller owns output `(i + c, r + t)`.
+            unsafe { job.out.set((i + c) * job.rows + r + t, v) };
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::{FloatElem, FloatJob};
@@ -315,20 +352,9 @@ pub(crate) mod avx2 {
         i: usize,
     ) {
         unsafe {
-            let mut w = [job.data.as_ptr(); R];
-            for (t, p) in w.iter_mut().enumerate() {
-                *p = p.add((r + t) * job.row_bytes);
-            }
-            let mut x = [job.x.as_ptr(); C];
-            for (c, p) in x.iter_mut().enumerate() {
-                *p = p.add((i + c) * job.cols);
-            }
+            let (w, x) = super::tile_rows::<R, C>(job, r, i);
             let res = tile::<E, R, C>(&w, &x, job.cols);
-            for (t, row) in res.iter().enumerate() {
-                for (c, &v) in row.iter().enumerate() {
-                    job.out.set((i + c) * job.rows + r + t, v);
-                }
-            }
+            super::write_tile(job, r, i, &res);
         }
     }
 
@@ -532,20 +558,9 @@ pub(crate) mod avx512 {
         i: usize,
     ) {
         unsafe {
-            let mut w = [job.data.as_ptr(); R];
-            for (t, p) in w.iter_mut().enumerate() {
-                *p = p.add((r + t) * job.row_bytes);
-            }
-            let mut x = [job.x.as_ptr(); C];
-            for (c, p) in x.iter_mut().enumerate() {
-                *p = p.add((i + c) * job.cols);
-            }
+            let (w, x) = super::tile_rows::<R, C>(job, r, i);
             let res = tile::<E, R, C>(&w, &x, job.cols);
-            for (t, row) in res.iter().enumerate() {
-                for (c, &v) in row.iter().enumerate() {
-                    job.out.set((i + c) * job.rows + r + t, v);
-                }
-            }
+            super::write_tile(job, r, i, &res);
         }
     }
 
