@@ -180,7 +180,11 @@ impl EncoderConfig {
             // llama.cpp's embedding tools normalise by default
             // (`--embd-normalize 2`).
             normalize: true,
-            classifier_labels: None,
+            // A reranker as llama.cpp's converter writes one: the pooler as
+            // `cls`, the classifier as `cls.output` (rows = labels).
+            classifier_labels: g
+                .tensor("cls.output.weight")
+                .map(|t| t.dims.get(1).copied().unwrap_or(1).max(1) as usize),
         };
         c.check()
     }

@@ -124,11 +124,17 @@ impl Encoder {
         for span in &rows.spans {
             cls.extend_from_slice(&rows.hidden[span.start * h..(span.start + 1) * h]);
         }
-        let mut pooled = vec![0.0f32; n * h];
-        self.linear(&head.pooler, &head.pooler_bias, &cls, n, &mut pooled)?;
-        for v in &mut pooled {
-            *v = v.tanh();
-        }
+        let pooled = match &head.pooler {
+            Some((w, b)) => {
+                let mut pooled = vec![0.0f32; n * h];
+                self.linear(w, b, &cls, n, &mut pooled)?;
+                for v in &mut pooled {
+                    *v = v.tanh();
+                }
+                pooled
+            }
+            None => cls,
+        };
         let labels = head.out.rows;
         let mut out = vec![0.0f32; n * labels];
         self.linear(&head.out, &head.out_bias, &pooled, n, &mut out)?;

@@ -25,10 +25,11 @@ pub struct EncoderLayer {
 }
 
 /// A cross-encoder's head: BERT's pooler (`tanh(W · h_cls + b)`) and the
-/// classifier over it.
+/// classifier over it. llama.cpp's converter drops BERT's pooler, so a GGUF
+/// may have none: the classifier then reads the `[CLS]` row itself, as
+/// llama.cpp computes it.
 pub struct Classifier {
-    pub pooler: Matrix,
-    pub pooler_bias: Vec<f32>,
+    pub pooler: Option<(Matrix, Vec<f32>)>,
     pub out: Matrix,
     pub out_bias: Vec<f32>,
 }
@@ -189,8 +190,13 @@ impl EncoderWeights {
         let classifier = match c.classifier_labels {
             None => None,
             Some(labels) => Some(Classifier {
-                pooler: src.matrix("cls.weight", "pooler.dense.weight", h, h)?,
-                pooler_bias: src.values("cls.bias", "pooler.dense.bias", h)?,
+                pooler: match src {
+                    EncoderSource::Gguf(g) if g.tensor("cls.weight").is_none() => None,
+                    _ => Some((
+                        src.matrix("cls.weight", "pooler.dense.weight", h, h)?,
+                        src.values("cls.bias", "pooler.dense.bias", h)?,
+                    )),
+                },
                 out: src.matrix("cls.output.weight", "classifier.weight", labels, h)?,
                 out_bias: src.values("cls.output.bias", "classifier.bias", labels)?,
             }),
