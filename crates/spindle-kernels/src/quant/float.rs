@@ -279,7 +279,7 @@ pub(crate) mod avx2 {
     /// Weight rows per register tile.
     const MR: usize = 4;
     /// Activation rows per register tile.
-    const NR: usize = 3;
+    const NR: usize = 2;
 
     /// The `R x C` tile of dots of weight rows `w[r]` with activation rows
     /// `x[c]` (`n` elements each), lane by lane as [`dot`]: for each of the 4
