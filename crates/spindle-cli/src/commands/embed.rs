@@ -35,6 +35,15 @@ impl EncoderArgs {
     /// Loads the encoder at `path` (or the default embedding model, pulled
     /// on first use).
     pub fn load(&self, path: &Option<PathBuf>, threads: usize) -> Result<Embedder> {
+        // The flags are checked before anything is pulled or loaded.
+        let quantize = match self.quantize.as_deref() {
+            None | Some("none") => None,
+            Some("q8_0") => Some(GgmlType::Q8_0),
+            Some(other) => bail!("--embed-quantize {other}: encoders convert to q8_0 (or none)"),
+        };
+        if self.batch_tokens == 0 {
+            bail!("--embed-batch-tokens must be at least 1");
+        }
         let path = match path {
             Some(p) => {
                 check_path_exists("the embedding model", p)?;
@@ -52,17 +61,9 @@ impl EncoderArgs {
                 dir
             }
         };
-        let quantize = match self.quantize.as_deref() {
-            None | Some("none") => None,
-            Some("q8_0") => Some(GgmlType::Q8_0),
-            Some(other) => bail!("--embed-quantize {other}: encoders convert to q8_0 (or none)"),
-        };
         let loaded = load_encoder(&path, threads, EncoderOptions { quantize })
             .with_context(|| format!("cannot load the embedding model {}", path.display()))?;
         let mut e = Embedder::new(loaded.encoder, loaded.tokenizer, loaded.name);
-        if self.batch_tokens == 0 {
-            bail!("--embed-batch-tokens must be at least 1");
-        }
         e.max_batch_tokens = self.batch_tokens;
         Ok(e)
     }

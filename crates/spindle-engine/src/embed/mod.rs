@@ -203,12 +203,10 @@ impl Embedder {
         Ok(scores.into_iter().map(|s| s[0]).collect())
     }
 
-    fn in_passes(
-        &self,
-        texts: &[EncodedText],
-        run: impl Fn(&[EncoderInput<'_>]) -> Result<Vec<Vec<f32>>, spindle_model::ModelError>,
-    ) -> Result<Vec<Vec<f32>>, RequestError> {
-        let mut out = Vec::with_capacity(texts.len());
+    /// How `texts` are cut into passes: consecutive runs of at most
+    /// `max_batch_tokens` rows (a longer text alone).
+    pub fn pass_ranges(&self, texts: &[EncodedText]) -> Vec<std::ops::Range<usize>> {
+        let mut ranges = Vec::new();
         let mut start = 0;
         while start < texts.len() {
             let mut rows = 0;
@@ -219,7 +217,20 @@ impl Embedder {
                 rows += texts[end].ids.len();
                 end += 1;
             }
-            let inputs: Vec<EncoderInput<'_>> = texts[start..end]
+            ranges.push(start..end);
+            start = end;
+        }
+        ranges
+    }
+
+    fn in_passes(
+        &self,
+        texts: &[EncodedText],
+        run: impl Fn(&[EncoderInput<'_>]) -> Result<Vec<Vec<f32>>, spindle_model::ModelError>,
+    ) -> Result<Vec<Vec<f32>>, RequestError> {
+        let mut out = Vec::with_capacity(texts.len());
+        for range in self.pass_ranges(texts) {
+            let inputs: Vec<EncoderInput<'_>> = texts[range]
                 .iter()
                 .map(|t| EncoderInput {
                     ids: &t.ids,
@@ -227,7 +238,6 @@ impl Embedder {
                 })
                 .collect();
             out.extend(run(&inputs).map_err(|e| RequestError::internal(e.to_string()))?);
-            start = end;
         }
         Ok(out)
     }

@@ -149,10 +149,9 @@ fn run(embedder: &Embedder, rx: &Receiver<EmbedJob>, metrics: &EmbedMetrics) {
         metrics
             .busy_us
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-        metrics.passes.fetch_add(
-            rows.div_ceil(embedder.max_batch_tokens).max(1) as u64,
-            Ordering::Relaxed,
-        );
+        metrics
+            .passes
+            .fetch_add(embedder.pass_ranges(&texts).len() as u64, Ordering::Relaxed);
         metrics
             .requests
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);

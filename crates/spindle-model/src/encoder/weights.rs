@@ -224,16 +224,6 @@ impl EncoderWeights {
             classifier,
         })
     }
-
-    /// Bytes of every matrix and table.
-    pub fn bytes(&self) -> usize {
-        let floats = self.positions.len() + self.token_types.len();
-        let mut total = self.tokens.n_bytes() + 4 * floats;
-        for l in &self.layers {
-            total += l.qkv.n_bytes() + l.out.n_bytes() + l.up.n_bytes() + l.down.n_bytes();
-        }
-        total
-    }
 }
 
 /// Matrices of one type and width, one under the other.
