@@ -1,13 +1,7 @@
 //! `spindle`: run, chat, score and measure language models on the CPU.
 
-mod commands;
-mod grammar;
-mod home;
-mod options;
-mod progress;
-mod speculation;
-
 use clap::{Parser, Subcommand};
+use spindle_cli::commands;
 
 #[derive(Parser)]
 #[command(

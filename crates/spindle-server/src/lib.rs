@@ -160,6 +160,16 @@ pub async fn serve(
     Ok(())
 }
 
+/// The server's routes over `state`, for a caller that answers requests in
+/// its own process instead of on a socket (the Python package): the same
+/// checks, handlers and error messages as [`serve`]. Call it inside a Tokio
+/// runtime (it starts the memory housekeeping there).
+pub fn in_process(state: AppState) -> axum::Router {
+    let state = Arc::new(state);
+    memory::spawn_housekeeping(state.clone());
+    router(state)
+}
+
 /// Waits for SIGINT (Ctrl-C) or SIGTERM (what orchestrators send); returns
 /// its name.
 async fn stop_signal() -> &'static str {

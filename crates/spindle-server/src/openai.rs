@@ -172,6 +172,10 @@ pub struct TokenizeRequest {
     pub prompt: Option<String>,
     pub messages: Option<Vec<ChatMessageIn>>,
     pub add_special_tokens: Option<bool>,
+    /// Whether control-token text in `prompt` (`<bos>`, `<start_of_turn>`)
+    /// becomes those tokens (default) or is tokenized as plain text (as
+    /// llama.cpp's `parse_special: false`).
+    pub parse_special: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

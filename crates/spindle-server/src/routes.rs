@@ -461,9 +461,16 @@ async fn completions(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body)?;
     check_model(&state, &req.model)?;
-    if req.echo.unwrap_or(false) {
-        return Err(ApiError::invalid("echo", "echo is not supported"));
-    }
+    let echo = match (req.echo.unwrap_or(false), req.logprobs) {
+        (false, _) => None,
+        (true, Some(_)) => {
+            return Err(ApiError::invalid(
+                "echo",
+                "echo with logprobs is not supported (the prompt's log-probabilities are not computed): drop one of them",
+            ))
+        }
+        (true, None) => Some(echo_text(&state, &req.prompt)?),
+    };
     if req.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
@@ -478,7 +485,17 @@ async fn completions(
         tenant(&headers),
         None,
     )?;
-    respond(state, job, &req.sampling, Kind::Completion, access).await
+    respond(state, job, &req.sampling, Kind::Completion, echo, access).await
+}
+
+/// The prompt as `echo` repeats it before the completion: the text given,
+/// or the text of the ids given.
+fn echo_text(state: &AppState, prompt: &Prompt) -> Result<String, ApiError> {
+    match prompt {
+        Prompt::Text(t) => Ok(t.clone()),
+        Prompt::Texts(ts) => Ok(ts.concat()),
+        Prompt::Ids(ids) => state.tokenizer.decode(ids).map_err(untokenizable("prompt")),
+    }
 }
 
 async fn chat_completions(
@@ -517,7 +534,7 @@ async fn chat_completions(
         let names = t.callable().iter().map(|f| f.name.clone()).collect();
         ReplyWatch::new(state.tool_format.clone(), names, required)
     });
-    respond(state, job, &req.sampling, Kind::Chat, access).await
+    respond(state, job, &req.sampling, Kind::Chat, None, access).await
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -542,6 +559,7 @@ async fn respond(
     mut job: Job,
     f: &crate::openai::SamplingFields,
     kind: Kind,
+    echo: Option<String>,
     access: Access,
 ) -> Result<Response, ApiError> {
     let n = job.n;
@@ -575,6 +593,7 @@ async fn respond(
             prompt_tokens,
             include_usage,
             want_logprobs,
+            echo,
         };
         let (tx, out) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
         tokio::spawn(stream.run(rx, tx));
@@ -591,7 +610,7 @@ async fn respond(
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
-        .map(|(i, c)| choice_json(&state, kind, i, c, want_logprobs))
+        .map(|(i, c)| choice_json(&state, kind, i, c, want_logprobs, echo.as_deref()))
         .collect();
     Ok(Json(json!({
         "id": id,
@@ -617,7 +636,16 @@ pub(crate) fn usage(prompt: usize, completion: usize, drafts: DraftCounts) -> Va
     })
 }
 
-fn choice_json(state: &AppState, kind: Kind, index: usize, c: &Choice, logprobs: bool) -> Value {
+/// One choice of a whole response; a completion's text follows `echo`
+/// (the prompt, when the request asked for it).
+fn choice_json(
+    state: &AppState,
+    kind: Kind,
+    index: usize,
+    c: &Choice,
+    logprobs: bool,
+    echo: Option<&str>,
+) -> Value {
     let lp = logprobs.then(|| logprobs_json(state, kind, &c.tokens, 0));
     match kind {
         Kind::Chat => {
@@ -641,7 +669,7 @@ fn choice_json(state: &AppState, kind: Kind, index: usize, c: &Choice, logprobs:
         }
         Kind::Completion => json!({
             "index": index,
-            "text": c.text,
+            "text": format!("{}{}", echo.unwrap_or(""), c.text),
             "logprobs": lp,
             "finish_reason": c.finish_reason,
         }),
@@ -716,7 +744,7 @@ async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Json<Value
             let bos = req.add_special_tokens.unwrap_or(true) && state.tokenizer.add_bos_default();
             state
                 .tokenizer
-                .encode(p, bos, true)
+                .encode(p, bos, req.parse_special.unwrap_or(true))
                 .map_err(untokenizable("prompt"))?
         }
         (None, Some(m)) => chat_prompt(&state, m, None)?,

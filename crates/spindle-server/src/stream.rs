@@ -20,6 +20,9 @@ pub(crate) struct Streamer {
     pub(crate) prompt_tokens: usize,
     pub(crate) include_usage: bool,
     pub(crate) want_logprobs: bool,
+    /// A completion's prompt, sent ahead of each choice's first text
+    /// (`echo`).
+    pub(crate) echo: Option<String>,
 }
 
 impl Streamer {
@@ -50,6 +53,10 @@ impl Streamer {
                 json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
             Kind::Completion => {
+                let text = match (&self.echo, first) {
+                    (Some(echo), true) => format!("{echo}{text}"),
+                    _ => text.to_string(),
+                };
                 json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
             }
         }

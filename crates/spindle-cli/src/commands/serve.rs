@@ -276,11 +276,56 @@ fn api_key(args: &ServeArgs) -> Result<Option<String>> {
     Ok(key)
 }
 
+/// A server ready to answer: its state and what it says at start.
+pub struct Prepared {
+    pub state: AppState,
+    /// The model name clients use.
+    pub name: String,
+    /// Threads, context, KV pool and drafts, in words (the start line).
+    pub summary: String,
+}
+
+/// `spindle serve`'s flags from `argv` (without the command name), for
+/// callers other than the command line (the Python package).
+pub fn args_from(argv: &[String]) -> Result<ServeArgs, clap::Error> {
+    #[derive(clap::Parser)]
+    #[command(name = "serve")]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+    let all = std::iter::once("serve".to_string()).chain(argv.iter().cloned());
+    <Serve as clap::Parser>::try_parse_from(all).map(|s| s.args)
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
+    let Prepared {
+        state,
+        name,
+        summary,
+    } = prepare(&args)?;
+    let addr = SocketAddr::new(args.host, args.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(spindle_server::serve(state, addr, |bound| {
+        eprintln!("serving {name} ({summary}) at http://{bound}/v1");
+        // Scripts wait for this line on stdout.
+        println!("http://{bound}/v1");
+    }))
+    .with_context(|| format!("cannot serve on {addr}"))?;
+    Ok(())
+}
+
+/// Checks the flags, plans memory, loads the model (pulling the default one
+/// on first use) and starts the engine's batching loop: everything `serve`
+/// does before it listens.
+pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
     if args.max_seqs == 0 || args.max_batch_tokens == 0 {
         bail!("--max-seqs and --max-batch-tokens must be at least 1");
     }
-    let key = api_key(&args)?;
+    let key = api_key(args)?;
     let cors = CorsOrigins::parse(&args.cors_origins)?;
     let tree_budget = args.spec.tree_budget()?;
     let path = args.model.resolve()?;
@@ -291,7 +336,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
     }
     // What does not fit even without drafts is refused before anything loads.
-    let without_drafts = kv_pool(&args, &path, &|_| 0)?;
+    let without_drafts = kv_pool(args, &path, &|_| 0)?;
     let loaded = args.model.load()?;
     let threads = loaded.model.n_threads();
     let mut drafts = args.spec.source(&loaded.model, threads)?;
@@ -308,12 +353,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // A draft model's KV caches need the model loaded to be sized.
     let (ctx, pool_tokens) = match draft_bytes(without_drafts.0) {
         0 => without_drafts,
-        _ => kv_pool(&args, &path, &draft_bytes)?,
+        _ => kv_pool(args, &path, &draft_bytes)?,
     };
-    check_memory_with_drafts(&args, &path, ctx, draft_bytes(ctx), traffic_bytes)?;
+    check_memory_with_drafts(args, &path, ctx, draft_bytes(ctx), traffic_bytes)?;
     eprintln!(
         "context: {ctx} tokens per sequence ({})",
-        ctx_reason(&args, &path, ctx)
+        ctx_reason(args, &path, ctx)
     );
     let tok = tokenizer(&loaded)?.clone();
     let ty = args.model.kv_type(&loaded.model)?;
@@ -420,20 +465,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .unwrap_or_else(connection_capacity)
             .max(1),
     };
-    let addr = SocketAddr::new(args.host, args.port);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(spindle_server::serve(state, addr, |bound| {
-        eprintln!(
-            "serving {name} ({threads} threads, context {ctx}, KV pool {kv_bytes} {}: {pool}{drafting}{}) at http://{bound}/v1",
-            ty.name(),
-            if key_required { ", API key required" } else { "" }
-        );
-        // Scripts wait for this line on stdout.
-        println!("http://{bound}/v1");
-    }))
-    .with_context(|| format!("cannot serve on {addr}"))?;
-    Ok(())
+    let summary = format!(
+        "{threads} threads, context {ctx}, KV pool {kv_bytes} {}: {pool}{drafting}{}",
+        ty.name(),
+        if key_required {
+            ", API key required"
+        } else {
+            ""
+        }
+    );
+    Ok(Prepared {
+        state,
+        name,
+        summary,
+    })
 }
