@@ -9,7 +9,10 @@
 //! - `check_package.py`: ids against Gemma 3's own `tokenizer.json`,
 //!   errors and `/v1/decide` answers against a `spindle serve` of the same
 //!   model, two threads sharing the batch, dropped streams and Ctrl-C
-//!   cancelling, pickling, `embed` against sentence-transformers' vectors.
+//!   cancelling, pickling, `embed` against sentence-transformers' vectors;
+//! - `check_client.py`: `spindle.client.resumable_stream` on streams broken
+//!   midway, whose whole text is known (no model needed; the `openai`
+//!   package from target/pydeps).
 //!
 //! The package is assembled as maturin lays out its wheel (the Python
 //! sources beside the extension module built by `cargo build -p
@@ -192,4 +195,27 @@ fn the_package_matches_the_server_and_its_references() {
         .status()
         .expect("python3 runs");
     assert!(status.success(), "check_package.py failed");
+}
+
+#[test]
+fn the_stream_wrapper_resumes_broken_streams() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let pydeps = Path::new(WORKSPACE).join("target/pydeps");
+    let imports = Command::new("python3")
+        .args(["-c", "import openai"])
+        .env("PYTHONPATH", &pydeps)
+        .stderr(Stdio::null())
+        .status();
+    if !imports.is_ok_and(|s| s.success()) {
+        required("python3 cannot import openai (target/pydeps, see .ci/run)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    assemble_package(dir.path());
+    let status = Command::new("python3")
+        .arg(Path::new(WORKSPACE).join("crates/spindle-py/tests/check_client.py"))
+        .env("PYTHONPATH", python_path(dir.path()))
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "check_client.py failed");
 }

@@ -24,9 +24,14 @@
   rank.
 
 Faults: a request in flight on a replica that dies ends with a clean error
-(HTTP 503, or an ``error`` event then the end of a stream); the client
-retries it (``openai``'s client retries a 503 itself; see the README's
-"Beyond one machine" for a stream that broke midway).
+(HTTP 503, or an ``error`` event with code 503 then the end of a stream);
+nothing waits without bound (``request_timeout_s`` for a whole answer,
+``stream_idle_s`` between two events of a stream, ``control_timeout_s``
+for ``/metrics`` and ``/replicas``). The client retries it: ``openai``'s
+client retries a 503 answer itself, and :func:`spindle.client.resumable_stream`
+re-sends a stream that broke midway with the same seed and passes on only
+what the client has not seen (Spindle's sampling is a function of the seed
+and the position, so the retry's tokens are the lost ones).
 """
 
 import asyncio
@@ -37,12 +42,14 @@ import re
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 import ray
+import ray.util
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
-from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+from ray.serve.exceptions import RayServeException
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from .llama import Llama, SpindleError
 
@@ -92,13 +99,19 @@ class PrefixAffinityRouter(RequestRouter):
     """Ranks the replicas for a request by rendezvous hashing of its
     conversation's start; requests without one (and a ``target`` naming a
     replica gone) go to the least loaded of two, as Ray's default does.
-    A call with ``target=<replica id>`` goes to that replica only."""
+    A call with ``target=<replica id>`` goes to that replica (to any
+    replica when it is gone: the answer names its replica, and the caller
+    checks; an empty choice would make Serve wait for it forever)."""
 
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)
         live = _live_replicas()
         live.clear()
         live.update({r.replica_id.unique_id: r.node_id for r in replicas})
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        _live_replicas().pop(replica_id.unique_id, None)
 
     async def choose_replicas(
         self,
@@ -111,7 +124,8 @@ class PrefixAffinityRouter(RequestRouter):
         kwargs = pending_request.kwargs if pending_request is not None else {}
         target = kwargs.get("target")
         if target is not None:
-            return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
+            return [chosen or candidate_replicas]
         body = next((a for a in args if isinstance(a, dict)), None)
         key = conversation_key(body) if body is not None else None
         if key is None:
@@ -127,21 +141,22 @@ class SpindleServer:
         self.llm = Llama(model_path, n_threads=n_threads, verbose=False, **llama_kwargs)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
 
-    async def call(self, method: str, path: str, body: Optional[Dict[str, Any]]) -> Tuple[int, str, str]:
-        """``(status, JSON text, replica)`` of one request."""
+    async def call(self, method: str, path: str, body: Optional[Dict[str, Any]]) -> Tuple[int, str, str, str]:
+        """``(status, JSON text, replica, node address)`` of one request."""
         text = None if body is None else json.dumps(body)
         status, answer = await asyncio.to_thread(self.llm._engine.request, method, path, text)
-        return status, answer, self.replica
+        return status, answer, self.replica, self.node_ip
 
     async def stream(self, path: str, body: Dict[str, Any]) -> AsyncIterator[Any]:
-        """First ``(status, error text or None, replica)``, then each event's
-        data. Cancelling the generator cancels the request."""
+        """First ``(status, error text or None, replica, node address)``, then
+        each event's data. Cancelling the generator cancels the request."""
         status, text, events = await asyncio.to_thread(self.llm._engine.stream, path, json.dumps(body))
         if events is None:
-            yield (status, text, self.replica)
+            yield (status, text, self.replica, self.node_ip)
             return
-        yield (status, None, self.replica)
+        yield (status, None, self.replica, self.node_ip)
         try:
             while True:
                 data = await asyncio.to_thread(next, events, None)
@@ -152,8 +167,8 @@ class SpindleServer:
             events.close()
 
     def metrics(self, target: Optional[str] = None) -> Tuple[str, str, str]:
-        """``(replica, node, Prometheus text)``."""
-        return self.replica, self.node, self.llm.metrics()
+        """``(replica, node address, Prometheus text)``."""
+        return self.replica, self.node_ip, self.llm.metrics()
 
 
 _LABELLED = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(.*)$")
@@ -177,19 +192,58 @@ def _error(status: int, message: str, kind: str = "server_error") -> Dict[str, A
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
-# Exceptions that mean the replica (or its node) went away mid-request.
-_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.RayTaskError)
+def _lost(e: BaseException) -> Optional[str]:
+    """Why a call failed, in words, when the failure is the cluster's (the
+    replica or its node went away, Serve could not place the call, it timed
+    out): the client may retry those. None for an error of the request."""
+    if isinstance(e, asyncio.TimeoutError):
+        return "no answer in time"
+    if isinstance(e, ray.exceptions.RayTaskError):
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, (ray.exceptions.RayError, RayServeException)):
+            return _lost(cause)
+        return None
+    if isinstance(e, (ray.exceptions.RayError, RayServeException)):
+        return type(e).__name__
+    return None
+
+
+def _failure(e: BaseException, what: str) -> JSONResponse:
+    """A clean answer for a call that raised: 503 (retry) for a lost
+    replica or node, 504 for a timeout, 500 otherwise."""
+    why = _lost(e)
+    if why is None:
+        return JSONResponse(_error(500, f"the replica failed: {type(e).__name__}: {e}"), 500)
+    status = 504 if isinstance(e, asyncio.TimeoutError) else 503
+    return JSONResponse(_error(status, f"the replica serving this {what} was lost ({why}); retry it"), status)
+
 
 app = FastAPI(title="Spindle on Ray Serve")
 
 
 @serve.ingress(app)
 class Ingress:
-    """The OpenAI-compatible front (deployed by :func:`build_app`)."""
+    """The OpenAI-compatible front (deployed by :func:`build_app`).
 
-    def __init__(self, server: DeploymentHandle, api_key: Optional[str] = None):
+    ``request_timeout_s`` bounds a whole non-streaming answer and the wait
+    for a stream's first event, ``stream_idle_s`` the wait between two
+    events of a stream, ``control_timeout_s`` each replica's part of
+    ``/metrics`` and ``/replicas``.
+    """
+
+    def __init__(
+        self,
+        server: DeploymentHandle,
+        api_key: Optional[str] = None,
+        request_timeout_s: float = 600.0,
+        stream_idle_s: float = 60.0,
+        control_timeout_s: float = 10.0,
+    ):
         self.server = server
         self.api_key = api_key
+        self.request_timeout_s = request_timeout_s
+        self.stream_idle_s = stream_idle_s
+        self.control_timeout_s = control_timeout_s
 
     def _refused(self, request: Request) -> Optional[JSONResponse]:
         if self.api_key is None:
@@ -197,6 +251,14 @@ class Ingress:
         if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
             return JSONResponse(_error(401, "missing or wrong API key: send Authorization: Bearer KEY", "authentication_error"), 401)
         return None
+
+    async def _bounded(self, response: Any, timeout_s: float) -> Any:
+        """The value of a deployment response, cancelled after ``timeout_s``."""
+        try:
+            return await asyncio.wait_for(response, timeout_s)
+        except asyncio.TimeoutError:
+            response.cancel()
+            raise
 
     async def _forward(self, request: Request, path: str):
         refused = self._refused(request)
@@ -211,32 +273,51 @@ class Ingress:
         if body.get("stream"):
             return await self._stream(path, body)
         try:
-            status, text, replica = await self.server.call.remote("POST", path, body)
-        except _LOST as e:
-            return JSONResponse(_error(503, f"the replica serving this request was lost ({type(e).__name__}); retry it"), 503)
-        return PlainTextResponse(text, status, media_type="application/json", headers={"x-spindle-replica": replica})
+            status, text, replica, node = await self._bounded(
+                self.server.call.remote("POST", path, body), self.request_timeout_s
+            )
+        except Exception as e:  # noqa: BLE001 - every failure becomes an answer
+            return _failure(e, "request")
+        return PlainTextResponse(
+            text, status, media_type="application/json", headers={"x-spindle-replica": replica, "x-spindle-node": node}
+        )
 
     async def _stream(self, path: str, body: Dict[str, Any]):
         gen = self.server.options(stream=True).stream.remote(path, body)
         try:
-            status, error, replica = await gen.__anext__()
-        except (StopAsyncIteration, *_LOST) as e:
-            return JSONResponse(_error(503, f"the replica serving this request was lost ({type(e).__name__}); retry it"), 503)
+            status, error, replica, node = await asyncio.wait_for(gen.__anext__(), self.request_timeout_s)
+        except StopAsyncIteration:
+            gen.cancel()
+            return JSONResponse(_error(503, "the replica ended the stream before it began; retry it"), 503)
+        except Exception as e:  # noqa: BLE001
+            gen.cancel()
+            return _failure(e, "request")
+        headers = {"x-spindle-replica": replica, "x-spindle-node": node}
         if error is not None:
-            return PlainTextResponse(error, status, media_type="application/json", headers={"x-spindle-replica": replica})
+            gen.cancel()
+            return PlainTextResponse(error, status, media_type="application/json", headers=headers)
+        idle_s = self.stream_idle_s
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                async for data in gen:
+                while True:
+                    try:
+                        data = await asyncio.wait_for(gen.__anext__(), idle_s)
+                    except StopAsyncIteration:
+                        break
                     yield f"data: {data}\n\n".encode()
                 yield b"data: [DONE]\n\n"
-            except _LOST as e:
-                lost = _error(503, f"the replica serving this stream was lost ({type(e).__name__}); retry the request")
-                yield f"data: {json.dumps(lost)}\n\n".encode()
+            except Exception as e:  # noqa: BLE001 - the stream ends with an error event
+                why = _lost(e)
+                if why is None:
+                    err = _error(500, f"the replica failed: {type(e).__name__}: {e}")
+                else:
+                    err = _error(503, f"the replica serving this stream was lost ({why}); retry the request")
+                yield f"data: {json.dumps(err)}\n\n".encode()
             finally:
                 gen.cancel()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"x-spindle-replica": replica})
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -267,37 +348,71 @@ class Ingress:
         refused = self._refused(request)
         if refused is not None:
             return refused
-        status, text, _ = await self.server.call.remote("GET", "/v1/models", None)
+        try:
+            status, text, _, _ = await self._bounded(
+                self.server.call.remote("GET", "/v1/models", None), self.control_timeout_s
+            )
+        except Exception as e:  # noqa: BLE001
+            return _failure(e, "request")
         return PlainTextResponse(text, status, media_type="application/json")
 
     @app.get("/health")
     async def health(self):
         return {"status": "ok", "replicas": len(_live_replicas())}
 
+    async def _each_replica(self) -> List[Tuple[str, str, str]]:
+        """``(replica, node address, metrics text)`` of every live replica
+        that answers within ``control_timeout_s``."""
+        # One call at a time: calls made inside one request share its
+        # internal request id, and Serve's router, matching a chosen replica
+        # to its pending call by that id, leaves all but one of several
+        # concurrent ones waiting (Ray 2.60).
+        seen: Dict[str, Tuple[str, str, str]] = {}
+        if not _live_replicas():
+            # The router starts with the handle's first call and learns the
+            # replicas soon after: this call starts it.
+            try:
+                answer = await self._bounded(self.server.metrics.remote(), self.control_timeout_s)
+                seen[answer[0]] = answer
+            except Exception:  # noqa: BLE001
+                pass
+            for _ in range(20):
+                if _live_replicas():
+                    break
+                await asyncio.sleep(0.1)
+        for r in sorted(_live_replicas()):
+            try:
+                answer = await self._bounded(self.server.metrics.remote(target=r), self.control_timeout_s)
+            except Exception:  # noqa: BLE001 - a replica that does not answer is left out
+                continue
+            seen.setdefault(answer[0], answer)
+        return [seen[r] for r in sorted(seen)]
+
     @app.get("/replicas")
     async def replicas(self):
-        return {"replicas": [{"id": r, "node_id": n} for r, n in sorted(_live_replicas().items())]}
+        """The replicas the router knows and that answer: id, node address."""
+        live = _live_replicas()
+        return {
+            "replicas": [
+                {"id": r, "node_id": live.get(r), "node_ip": node} for r, node, _ in await self._each_replica()
+            ]
+        }
 
     @app.get("/replicas/{replica}/metrics")
     async def replica_metrics(self, replica: str):
         if replica not in _live_replicas():
             return JSONResponse(_error(404, f"no replica {replica}: GET /replicas lists them", "invalid_request_error"), 404)
         try:
-            _, _, text = await self.server.metrics.remote(target=replica)
-        except _LOST as e:
-            return JSONResponse(_error(503, f"replica {replica} was lost ({type(e).__name__})"), 503)
+            got, _, text = await self._bounded(self.server.metrics.remote(target=replica), self.control_timeout_s)
+        except Exception as e:  # noqa: BLE001
+            return _failure(e, "request")
+        if got != replica:
+            return JSONResponse(_error(503, f"replica {replica} is gone; GET /replicas lists the live ones"), 503)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/metrics")
     async def metrics(self):
-        calls = [self.server.metrics.remote(target=r) for r in list(_live_replicas())]
-        parts = []
-        for call in calls:
-            try:
-                replica, _, text = await call
-            except _LOST:
-                continue
-            parts.append(label_replica(text, replica))
+        parts = [label_replica(text, replica) for replica, _, text in await self._each_replica()]
         return PlainTextResponse("".join(parts), media_type="text/plain; version=0.0.4")
 
 
@@ -311,6 +426,9 @@ def build_app(
     api_key: Optional[str] = None,
     llama_kwargs: Optional[Dict[str, Any]] = None,
     name: str = "spindle",
+    ingress_actor_options: Optional[Dict[str, Any]] = None,
+    request_timeout_s: float = 600.0,
+    stream_idle_s: float = 60.0,
 ):
     """The Serve application: ``Ingress`` in front of ``SpindleServer``.
 
@@ -320,7 +438,13 @@ def build_app(
     ``num_replicas``. ``max_ongoing_requests`` should be at least the
     engine's ``max_seqs`` (8 by default) so the batch can fill.
     ``llama_kwargs`` go to each replica's ``spindle.Llama``.
+    ``ingress_actor_options``: Ray actor options of the ingress (default
+    ``{"num_cpus": 0}``; add ``"resources": {"node:__internal_head__":
+    0.001}`` to keep it on the head node). ``request_timeout_s`` and
+    ``stream_idle_s``: see :class:`Ingress`.
     """
+    if n_threads < 1:
+        raise ValueError(f"n_threads={n_threads}: each replica needs at least one thread")
     scaling: Dict[str, Any] = (
         {"autoscaling_config": autoscaling_config} if autoscaling_config else {"num_replicas": num_replicas}
     )
@@ -337,8 +461,10 @@ def build_app(
         health_check_timeout_s=10,
         **scaling,
     ).bind(model_path, n_threads, dict(llama_kwargs or {}))
-    ingress = serve.deployment(Ingress, name=f"{name}-ingress", ray_actor_options={"num_cpus": 0})
-    return ingress.bind(server, api_key)
+    ingress = serve.deployment(
+        Ingress, name=f"{name}-ingress", ray_actor_options=dict(ingress_actor_options or {"num_cpus": 0})
+    )
+    return ingress.bind(server, api_key, request_timeout_s, stream_idle_s)
 
 
 __all__ = ["build_app", "conversation_key", "label_replica", "Ingress", "SpindleServer", "PrefixAffinityRouter", "SpindleError"]
