@@ -115,7 +115,12 @@ def main_root(a):
     def on_alarm(*_):
         raise TimeoutError(f"the fault test ran past {a.max_seconds} s")
 
+    def on_term(signum, _frame):
+        raise SystemExit(128 + signum)  # so that `finally` tears the cluster down
+
     signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
     signal.alarm(a.max_seconds)
     status = 1
     try:
