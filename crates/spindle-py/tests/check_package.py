@@ -204,6 +204,25 @@ def check_ctrl_c_cancels():
     print("signals: Ctrl-C interrupts a call; the engine keeps serving")
 
 
+def check_bad_arguments():
+    """Bad constructor arguments are refused before anything loads, naming
+    the argument."""
+    for kwargs, name in (({"n_ctx": -5}, "n_ctx"), ({"n_threads": 0}, "n_threads"), ({"max_seqs": 1.5}, "max_seqs"), ({"n_gpu_layerz": 1}, "n_gpu_layerz")):
+        try:
+            spindle.Llama(MODEL, verbose=False, **kwargs)
+        except (ValueError, TypeError) as e:
+            assert name in str(e), (kwargs, str(e))
+        else:
+            raise AssertionError(f"Llama(**{kwargs}) was accepted")
+    try:
+        spindle.Llama(MODEL + ".missing", verbose=False)
+    except ValueError as e:
+        assert "no such file" in str(e), str(e)
+    else:
+        raise AssertionError("a missing model file was accepted")
+    print("arguments: bad ones are refused with their names")
+
+
 def check_pickle():
     clone = pickle.loads(pickle.dumps(llm))
     a = llm("The old lighthouse", max_tokens=12, temperature=0.0)["choices"][0]["text"]
@@ -250,6 +269,7 @@ check_decide_is_the_servers()
 check_threads_share_the_batch()
 check_dropped_stream_cancels()
 check_ctrl_c_cancels()
+check_bad_arguments()
 check_pickle()
 check_seeded_sampling()
 check_embed()

@@ -174,6 +174,11 @@ class Llama:
         unknown = sorted(set(kwargs) - _IGNORED_ARGS)
         if unknown:
             raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
+        for name, value, least in (("n_ctx", n_ctx, 0), ("n_batch", n_batch, 1), ("n_threads", n_threads, 1), ("max_seqs", max_seqs, 1)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r}: must be an integer of at least {least}")
         if chat_format is not None:
             raise ValueError(
                 f"chat_format={chat_format!r}: Spindle renders the chat template the model file carries; "

@@ -141,7 +141,12 @@ class SpindleServer:
         self.llm = Llama(model_path, n_threads=n_threads, verbose=False, **llama_kwargs)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
-        self.node_ip = ray.util.get_node_ip_address()
+        # The address the node joined with (what `ray start
+        # --node-ip-address` gave), not the one a route lookup finds.
+        self.node_ip = next(
+            (n["NodeManagerAddress"] for n in ray.nodes() if n.get("NodeID") == self.node),
+            None,
+        ) or ray.util.get_node_ip_address()
 
     async def call(self, method: str, path: str, body: Optional[Dict[str, Any]]) -> Tuple[int, str, str, str]:
         """``(status, JSON text, replica, node address)`` of one request."""
