@@ -21,10 +21,11 @@ What it checks, every wait bounded:
 2. affinity: the turns of a conversation land on one replica, whose
    `spindle:prefix_cache_hits_total` grows by at least the tokens of the
    earlier turns, while the other replica sees no request at all;
-3. faults: clients stream seeded chats through
+3. faults: clients stream seeded chats (16 conversations) through
    `spindle.client.resumable_stream` (and one more client sends them
-   unstreamed, with the openai client's own retries); worker w2 is killed (SIGKILL to its
-   raylet and replica), then started again. Every request must finish
+   unstreamed, with the openai client's own retries); worker w2 is killed
+   while a stream is in progress there (SIGKILL to its raylet and
+   replica), then started again. Every request must finish
    (retried where its replica was lost) with exactly the text the same
    request gives when nothing fails, none may take longer than its bound,
    requests keep finishing while w2 is down, and after w2 returns Serve
@@ -61,9 +62,12 @@ SYSTEM = (
     "to six on weekdays and from ten to two on Saturdays. A tyre change costs twelve euros."
 )
 # Conversations of the load: distinct starts, so the router spreads them.
+# 16 of them: the chance that all go to one of two replicas is 2^-15.
 LOAD_TOPICS = [
     "a flat tyre", "squeaking brakes", "a loose chain", "a bent wheel", "gear cables",
     "saddle height", "a broken spoke", "winter storage", "lights for the night", "a child seat",
+    "a rusty frame", "tubeless tyres", "a wobbly handlebar", "pedals that click", "a new bell",
+    "mudguards",
 ]
 
 
@@ -304,6 +308,7 @@ class Load:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.expected = {}
+        self.active = {}  # id(rec) -> (rec, stream) of the streams in progress
 
     def body(self, topic_index):
         topic = LOAD_TOPICS[topic_index]
@@ -327,6 +332,8 @@ class Load:
 
         stream = resumable_stream(create, max_attempts=4, deadline_s=deadline_s, backoff_s=0.5, **self.body(topic_index))
         pieces = []
+        with self.lock:
+            self.active[id(rec)] = (rec, stream)
         try:
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -335,6 +342,8 @@ class Load:
                     pieces.append(chunk.choices[0].delta.content)
         except Exception as e:  # noqa: BLE001 - recorded, judged later
             rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        with self.lock:
+            self.active.pop(id(rec), None)
         rec["end"] = time.time()
         rec["text"] = "".join(pieces)
         rec["attempts"] = stream.attempts
@@ -359,6 +368,15 @@ class Load:
             rec["attempts"] = 1
         rec["end"] = time.time()
         return rec
+
+    def streaming_on(self, node):
+        """Streams in progress that have had text from a replica on `node`."""
+        with self.lock:
+            active = list(self.active.values())
+        return sum(
+            1 for rec, stream in active
+            if rec["first"] is not None and stream.headers and stream.headers[-1].get("x-spindle-node") == node
+        )
 
     def expect(self):
         """Each topic's text when nothing fails (before the fault)."""
@@ -447,6 +465,10 @@ def main_client(a):
             time.sleep(1.0)
 
     watch(t0 + a.kill_at)
+    # Kill while a stream is in progress on w2 (bounded: at most 30 s more).
+    end = time.time() + 30
+    while load.streaming_on(cluster.address("w2")) == 0 and time.time() < end:
+        time.sleep(0.05)
     events["kill"] = time.time()
     killed = cluster.kill_node("w2")
     log(f"killed {killed} processes of w2 ({cluster.address('w2')})")
