@@ -357,7 +357,7 @@ impl HeadScreen {
         s: &mut [f32],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512Vnni {
+        if isa.uses_avx512() {
             // SAFETY: the caller checked the ISA: AVX-512 F/BW/VL, VNNI,
             // AVX2, FMA and F16C.
             unsafe { self.screen_tile_vnni(rows, t0, t1, s) };

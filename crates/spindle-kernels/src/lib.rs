@@ -2,6 +2,7 @@
 //! attention, norms, rope and activations. Knows nothing of models.
 
 pub mod activation;
+pub mod amx;
 pub mod attention;
 pub mod cpu;
 pub mod encoder_attention;

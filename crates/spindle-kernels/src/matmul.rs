@@ -174,6 +174,14 @@ pub fn matmul_with(
         out.fill(0.0);
         return Ok(());
     }
+    // The tile unit pays from this many activation rows on (below, decoding
+    // its weight tiles costs more than the products save); the VNNI path
+    // gives the same bits.
+    let isa = if isa == Isa::Amx && n < crate::amx::min_rows() {
+        Isa::Avx512Vnni
+    } else {
+        isa
+    };
     let vertical = match w.layout {
         WeightLayout::Gguf => None,
         WeightLayout::Vertical => match vertical_kernel(w.ty, isa, rounding) {
@@ -208,12 +216,11 @@ pub fn matmul_with(
                     x,
                     out: &out,
                 };
-                let act_row_bytes = 4 * w.cols;
                 run_split_multi(
                     pool,
                     &shape,
                     w.data.len(),
-                    act_row_bytes,
+                    Grain::of_rows(4 * w.cols),
                     &|r0, r1, i0, i1| {
                         // SAFETY: the ISA was checked available; each call owns
                         // outputs (i0..i1) x (r0..r1), disjoint between calls
@@ -275,12 +282,11 @@ pub fn matmul_with(
                             });
                             return;
                         }
-                        let act_row_bytes = multi_row::packed_row_bytes(w.cols);
                         run_split_multi(
                             pool,
                             &shape,
                             w.data.len(),
-                            act_row_bytes,
+                            (multi.grain)(w.cols),
                             &|r0, r1, i0, i1| {
                                 // SAFETY: as for the float kernels; `packed` holds the
                                 // activations packed for this kernel when it needs them.
@@ -346,6 +352,8 @@ struct QuantMulti {
     /// are (scalar).
     pack: Option<PackActsFn>,
     range: QuantRangeFn,
+    /// How the kernel wants its work cut, for rows of `cols` values.
+    grain: fn(usize) -> Grain,
 }
 
 #[derive(Clone, Copy)]
@@ -366,37 +374,55 @@ fn vertical_kernel(
         return None;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni {
+    if isa.uses_avx512() {
         use q4_0::Q4_0;
         use q4_k::Q4K;
         use q5_0::Q5_0;
         use q5_k::Q5K;
         use q6_k::Q6K;
         use q8_0::Q8_0;
-        fn of<T: crate::quant::vertical::simd::VerticalType>() -> (QuantMulti, QuantMulti) {
+        let amx = isa == Isa::Amx;
+        fn of<T: crate::quant::vertical::simd::VerticalType>(
+            amx: bool,
+        ) -> (QuantMulti, QuantMulti) {
             use crate::quant::vertical::simd::{pack_one_row, rows_vertical};
-            (
+            let one = QuantMulti {
+                pack: Some(pack_one_row::<T>),
+                range: rows_vertical::<T>,
+                grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
+            };
+            // The tile unit for several rows where the machine has it.
+            let many = if amx {
                 QuantMulti {
-                    pack: Some(pack_one_row::<T>),
-                    range: rows_vertical::<T>,
-                },
+                    pack: Some(multi_row::pack_acts_amx::<T>),
+                    range: multi_row::range_amx::<T>,
+                    grain: |cols| Grain {
+                        act_row_bytes: multi_row::amx_chunk_row_bytes(cols),
+                        act_rows: multi_row::AMX_TILE_ROWS,
+                        weight_rows: multi_row::AMX_TILE_ROWS,
+                    },
+                }
+            } else {
                 QuantMulti {
                     pack: Some(multi_row::pack_acts_vnni::<T>),
                     range: multi_row::range_vnni_vertical::<T>,
-                },
-            )
+                    grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
+                }
+            };
+            (one, many)
         }
         return Some(match ty {
-            GgmlType::Q8_0 => {
-                let (one, mut many) = of::<Q8_0>();
+            GgmlType::Q8_0 if !amx => {
+                let (one, mut many) = of::<Q8_0>(false);
                 many.range = multi_row::range_vnni_q8_0_in_place;
                 (one, many)
             }
-            GgmlType::Q4_0 => of::<Q4_0>(),
-            GgmlType::Q5_0 => of::<Q5_0>(),
-            GgmlType::Q4_K => of::<Q4K>(),
-            GgmlType::Q5_K => of::<Q5K>(),
-            GgmlType::Q6_K => of::<Q6K>(),
+            GgmlType::Q8_0 => of::<Q8_0>(true),
+            GgmlType::Q4_0 => of::<Q4_0>(amx),
+            GgmlType::Q5_0 => of::<Q5_0>(amx),
+            GgmlType::Q4_K => of::<Q4K>(amx),
+            GgmlType::Q5_K => of::<Q5K>(amx),
+            GgmlType::Q6_K => of::<Q6K>(amx),
             _ => return None,
         });
     }
@@ -409,6 +435,7 @@ fn scalar_multi<T: multi_row::MultiRow>() -> QuantMulti {
     QuantMulti {
         pack: None,
         range: multi_row::range_scalar::<T>,
+        grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
     }
 }
 
@@ -418,6 +445,7 @@ fn avx2_multi<T: multi_row::MultiRow>() -> QuantMulti {
     QuantMulti {
         pack: Some(multi_row::pack_acts::<T>),
         range: multi_row::range_avx2::<T>,
+        grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
     }
 }
 
@@ -427,6 +455,7 @@ fn vnni_multi<T: multi_row::MultiRow>() -> QuantMulti {
     QuantMulti {
         pack: Some(multi_row::pack_acts_vnni::<T>),
         range: multi_row::range_vnni::<T>,
+        grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
     }
 }
 
@@ -450,7 +479,7 @@ fn decoded_kernel(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
                 // The multi-row kernels of these types are the AVX2 ones on
                 // this ISA too (Q2's half sums have no VNNI form).
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Vnni => (
+                Isa::Avx512Vnni | Isa::Amx => (
                     decoded::rows_avx512vnni::<$T> as QuantRowsFn,
                     avx2_multi::<ByDecode<$T>>(),
                 ),
@@ -532,8 +561,10 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
         // kernels of the 32-value block types with `vpdpbusd ymm` (the
         // Q8_0 head turns compute-bound above ~45 GB/s on two AVX2 cores);
         // the K-quant one-row kernels stay AVX2.
+        // AMX: the tile unit runs the multi-row kernels of vertical
+        // matrices (`vertical_kernel`); everything else is this path's.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => Ok(match kernel_for(ty, Isa::Avx2)? {
+        Isa::Avx512Vnni | Isa::Amx => Ok(match kernel_for(ty, Isa::Avx2)? {
             Kernel::Quant(format, rows, avx2) => Kernel::Quant(
                 format,
                 match ty {
@@ -570,6 +601,30 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
     }
 }
 
+/// How a multi-row kernel wants its work cut.
+#[derive(Clone, Copy)]
+struct Grain {
+    /// Bytes of an activation row as the kernel reads it (chunks of
+    /// activation rows are about L2-sized in these).
+    act_row_bytes: usize,
+    /// Chunks of activation rows start at multiples of this.
+    act_rows: usize,
+    /// Blocks of weight rows start at multiples of this (the kernel's tile).
+    weight_rows: usize,
+}
+
+impl Grain {
+    /// The register-tile kernels': activation rows in pairs, weight rows
+    /// in tiles of [`MR`].
+    fn of_rows(act_row_bytes: usize) -> Grain {
+        Grain {
+            act_row_bytes,
+            act_rows: multi_row::NR,
+            weight_rows: MR,
+        }
+    }
+}
+
 /// Runs a multi-row matmul on the pool: `f(r0, r1, i0, i1)` computes weight
 /// rows `r0..r1` x activation rows `i0..i1`. The work is cut into items (a
 /// chunk of activation rows of about L2 size, read as `act_row_bytes` per row,
@@ -581,10 +636,15 @@ fn run_split_multi(
     pool: &ThreadPool,
     shape: &Shape,
     weight_bytes: usize,
-    act_row_bytes: usize,
+    grain: Grain,
     f: &(dyn Fn(usize, usize, usize, usize) + Sync),
 ) {
     let (rows, n) = (shape.rows, shape.n);
+    let Grain {
+        act_row_bytes,
+        act_rows,
+        weight_rows,
+    } = grain;
     let work = weight_bytes.saturating_mul(n);
     let threads = pool.n_threads();
     if threads <= 1 || work < SERIAL_WORK {
@@ -592,15 +652,15 @@ fn run_split_multi(
         return;
     }
     // Blocks of weight-row tiles: about 4 per thread and chunk.
-    let tiles = rows.div_ceil(MR);
+    let tiles = rows.div_ceil(weight_rows);
     let block_tiles = tiles.div_ceil(4 * threads).max(1);
     let blocks = tiles.div_ceil(block_tiles);
     // Chunks of activation rows; smaller ones when there are too few blocks
     // to keep every thread busy.
-    let mut chunk = multi_row::act_chunk_rows(act_row_bytes);
+    let mut chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
     if blocks < 2 * threads {
         let want_chunks = (2 * threads).div_ceil(blocks);
-        chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(multi_row::NR));
+        chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(act_rows));
     }
     let chunks = n.div_ceil(chunk);
     let items = chunks * blocks;
@@ -611,8 +671,8 @@ fn run_split_multi(
             break;
         }
         let (c, b) = (item / blocks, item % blocks);
-        let r0 = (b * block_tiles * MR).min(rows);
-        let r1 = ((b + 1) * block_tiles * MR).min(rows);
+        let r0 = (b * block_tiles * weight_rows).min(rows);
+        let r1 = ((b + 1) * block_tiles * weight_rows).min(rows);
         let i0 = c * chunk;
         f(r0, r1, i0, (i0 + chunk).min(n));
     });

@@ -1,6 +1,6 @@
 //! Instruction-set selection and the small SIMD helpers shared by the kernels.
 //!
-//! The ISA is detected once at run time. `SPINDLE_ISA=scalar|avx2|avx512vnni|auto` overrides
+//! The ISA is detected once at run time. `SPINDLE_ISA=scalar|avx2|avx512vnni|amx|auto` overrides
 //! the choice; asking for an ISA this CPU lacks (or an unknown name) prints one
 //! warning on stderr and falls back to the best ISA available.
 //!
@@ -29,6 +29,11 @@ pub enum Isa {
     /// AVX2 plus AVX-512 F/BW/VL and VNNI: the multi-row quantized kernels
     /// multiply with `vpdpbusd zmm`; everything else runs the AVX2 code.
     Avx512Vnni,
+    /// `Avx512Vnni` plus the AMX tile unit (`amx_tile`, `amx_int8`, and the
+    /// operating system's permission): the multi-row quantized kernels of
+    /// vertical matrices multiply with `tdpbssd`; everything else runs the
+    /// `Avx512Vnni` code.
+    Amx,
 }
 
 impl Isa {
@@ -38,13 +43,20 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Amx => "amx",
         }
     }
 
     /// Whether the path runs the AVX2 kernels (where it has no wider ones of
     /// its own).
     pub fn uses_avx2(self) -> bool {
-        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx)
+    }
+
+    /// Whether the path runs the AVX-512 VNNI kernels (where it has no
+    /// kernels of its own).
+    pub fn uses_avx512(self) -> bool {
+        matches!(self, Isa::Avx512Vnni | Isa::Amx)
     }
 
     /// Whether this CPU can run the path.
@@ -53,6 +65,7 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => has_avx2(),
             Isa::Avx512Vnni => has_avx2() && has_avx512vnni(),
+            Isa::Amx => has_avx2() && has_avx512vnni() && crate::amx::available(),
         }
     }
 
@@ -61,6 +74,7 @@ impl Isa {
             "scalar" => Some(Isa::Scalar),
             "avx2" => Some(Isa::Avx2),
             "avx512vnni" => Some(Isa::Avx512Vnni),
+            "amx" => Some(Isa::Amx),
             _ => None,
         }
     }
@@ -104,7 +118,7 @@ fn has_avx512vnni() -> bool {
 }
 
 /// Every ISA path Spindle has, whether or not this CPU can run it.
-pub const ALL_ISAS: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+pub const ALL_ISAS: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx];
 
 /// Every ISA path this CPU can run, best last.
 pub fn available_isas() -> Vec<Isa> {
@@ -156,7 +170,7 @@ pub fn detected_isa() -> Isa {
             }
             None => {
                 eprintln!(
-                    "warning: SPINDLE_ISA={value} is not one of scalar, avx2, avx512vnni, auto; using {best}"
+                    "warning: SPINDLE_ISA={value} is not one of scalar, avx2, avx512vnni, amx, auto; using {best}"
                 );
                 best
             }
@@ -187,9 +201,9 @@ macro_rules! compiled_per_isa {
                 unsafe fn with_avx2($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
-                if isa == $crate::simd::Isa::Avx512Vnni {
-                    // SAFETY: Avx512Vnni is chosen only on CPUs with AVX2
-                    // and AVX-512F/BW/VL.
+                if isa.uses_avx512() {
+                    // SAFETY: Avx512Vnni and Amx are chosen only on CPUs
+                    // with AVX2 and AVX-512F/BW/VL.
                     return unsafe { with_avx512($($arg),*) };
                 }
                 if isa.uses_avx2() {

@@ -380,3 +380,40 @@ fn encoder_rows_throughput() {
         }
     }
 }
+
+/// One matmul shape on one thread, for profiling: `SPINDLE_BENCH_SHAPE=TYPE,ROWS,COLS,N`
+/// (default Q8_0,256,640,512), weights in the vertical layout where the type has it.
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn one_shape() {
+    let spec = std::env::var("SPINDLE_BENCH_SHAPE").unwrap_or_else(|_| "Q8_0,256,640,512".into());
+    let f: Vec<&str> = spec.split(',').collect();
+    let ty = (0..64)
+        .filter_map(GgmlType::from_id)
+        .find(|t| t.name().eq_ignore_ascii_case(f[0]))
+        .expect("a type name");
+    let (rows, cols, n): (usize, usize, usize) = (
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+    );
+    let pool = ThreadPool::new(1);
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut w = random_weights(&mut rng, ty, rows, cols);
+    let mut layout = WeightLayout::Gguf;
+    if vertical_supported(ty, cols) {
+        to_vertical(ty, cols, &mut w).unwrap();
+        layout = WeightLayout::Vertical;
+    }
+    let view = WeightView::new(ty, rows, cols, &w)
+        .unwrap()
+        .with_layout(layout);
+    let x = random_acts(&mut rng, n, cols);
+    let best = time_call(&pool, &view, &x, n, 3.0);
+    println!(
+        "{} 1t {ty} {rows}x{cols} n={n}: {:.1} us, {:.1} GMAC/s",
+        detected_isa(),
+        best * 1e6,
+        (rows * cols * n) as f64 / best / 1e9
+    );
+}

@@ -103,6 +103,9 @@ fn q8_0_values_sit_where_the_layout_says() {
 
 #[test]
 fn matmul_on_vertical_weights_is_bit_identical_on_every_isa() {
+    // Every row count on the tile unit where there is one (it takes over
+    // from 64 rows by default).
+    spindle_kernels::amx::set_min_rows(2);
     let mut rng = StdRng::seed_from_u64(5);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     for ty in TYPES {
@@ -147,6 +150,51 @@ fn matmul_on_vertical_weights_is_bit_identical_on_every_isa() {
                 "{ty} {cols}: ggml rounding"
             );
         }
+    }
+}
+
+/// The tile kernels (AMX: 16 weight rows x 16 activation rows per tile)
+/// at shapes past one tile: whole and short tiles of both, several chunks
+/// of activation rows, split over threads; bit for bit the scalar GGUF
+/// result on every ISA.
+#[test]
+fn matmul_on_vertical_weights_past_one_tile_is_bit_identical() {
+    spindle_kernels::amx::set_min_rows(2);
+    let mut rng = StdRng::seed_from_u64(17);
+    let pool = ThreadPool::new(2);
+    for ty in TYPES {
+        let cols = if ty.block_len() == 32 { 640 } else { 512 };
+        for rows in [16, 37, 80] {
+            let gguf = random_weights(&mut rng, ty, rows, cols);
+            let mut vertical = gguf.clone();
+            to_vertical(ty, cols, &mut vertical).unwrap();
+            let plain = WeightView::new(ty, rows, cols, &gguf).unwrap();
+            let packed = WeightView::new(ty, rows, cols, &vertical)
+                .unwrap()
+                .with_layout(WeightLayout::Vertical);
+            for n in [16, 29, 33, 520] {
+                let x = random_acts(&mut rng, n, cols);
+                let mut want = vec![0.0f32; n * rows];
+                matmul_with_isa(Isa::Scalar, &plain, &x, n, &mut want, &pool).unwrap();
+                for isa in available_isas() {
+                    let mut got = vec![0.0f32; n * rows];
+                    matmul_with_isa(isa, &packed, &x, n, &mut got, &pool).unwrap();
+                    let bad = got
+                        .iter()
+                        .zip(&want)
+                        .position(|(g, w)| g.to_bits() != w.to_bits());
+                    assert!(
+                        bad.is_none(),
+                        "{ty} {rows}x{cols} n={n} {isa}: output {bad:?}: {} vs {}",
+                        got[bad.unwrap_or(0)],
+                        want[bad.unwrap_or(0)]
+                    );
+                }
+            }
+        }
+    }
+    if let Some(note) = spindle_kernels::simd::untested_isas_note() {
+        eprintln!("{note}");
     }
 }
 

@@ -209,7 +209,7 @@ fn resident_weights(file_len: u64) -> bool {
 /// kernels read it (AVX-512 VNNI), unless `SPINDLE_VERTICAL=0` (to compare
 /// against the file's order).
 fn vertical_weights() -> bool {
-    spindle_kernels::simd::detected_isa() == spindle_kernels::simd::Isa::Avx512Vnni
+    spindle_kernels::simd::detected_isa().uses_avx512()
         && std::env::var("SPINDLE_VERTICAL").map_or(true, |v| v != "0")
 }
 

@@ -30,8 +30,8 @@ pub(super) fn scores<E: KvElem>(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni && fits_avx2(group) {
-        // SAFETY: Avx512Vnni is chosen only on CPUs with AVX2, FMA, F16C and
+    if isa.uses_avx512() && fits_avx2(group) {
+        // SAFETY: the AVX-512 paths are chosen only on CPUs with AVX2, FMA, F16C and
         // AVX-512F; the rows are checked inside.
         return unsafe { avx512::scores(group, q, keys, values, out) };
     }
@@ -66,7 +66,7 @@ pub(super) fn values<E: KvElem>(
     part: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni && fits_avx2(group) {
+    if isa.uses_avx512() && fits_avx2(group) {
         // SAFETY: as in `scores`.
         return unsafe { avx512::values(group, p, values, part) };
     }

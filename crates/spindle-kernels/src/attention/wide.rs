@@ -76,7 +76,7 @@ pub(super) fn scores<E: KvElem>(
     let mut j0 = 0;
     while j0 < n {
         // SAFETY: `fits` holds, so the CPU has AVX2, FMA and F16C (and
-        // AVX-512F/BW/VL for Avx512Vnni); the shapes are checked above and
+        // AVX-512F/BW/VL for the AVX-512 paths); the shapes are checked above and
         // the scratch sized for them.
         unsafe { kernels::transpose_keys(isa, group, keys, j0, &mut scratch.keys_t) };
         let m = (n - j0).min(KEYS);
@@ -237,7 +237,7 @@ mod kernels {
         assert!(dst.len() >= KEYS * group.head_dim);
         // SAFETY: the caller's promises.
         unsafe {
-            if isa == Isa::Avx512Vnni {
+            if isa.uses_avx512() {
                 avx512::transpose_keys(group, keys, j0, dst)
             } else {
                 avx2::transpose_keys(group, keys, j0, dst)
@@ -274,7 +274,7 @@ mod kernels {
         }
         // SAFETY: the caller's promises and the checks above.
         unsafe {
-            if isa == Isa::Avx512Vnni {
+            if isa.uses_avx512() {
                 tile!(avx512)
             } else {
                 tile!(avx2)
@@ -313,7 +313,7 @@ mod kernels {
         }
         // SAFETY: the caller's promises and the checks above.
         unsafe {
-            if isa == Isa::Avx512Vnni {
+            if isa.uses_avx512() {
                 tiles!(avx512, avx512::DIMS)
             } else {
                 tiles!(avx2, avx2::DIMS)

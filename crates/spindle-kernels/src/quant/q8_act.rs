@@ -216,7 +216,7 @@ impl QuantizedActs {
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX2 availability was checked above.
-            Isa::Avx2 | Isa::Avx512Vnni => unsafe {
+            Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => unsafe {
                 avx2::quantize_blocks(x, &mut self.qs, scales, group)
             },
             _ => {

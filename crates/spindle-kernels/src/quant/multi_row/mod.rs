@@ -421,6 +421,10 @@ fn for_each_packed_tile(
 pub(crate) use avx2::{pack_act_group, pack_acts, range_avx2, store_group, store_vertical};
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use amx::{amx_chunk_row_bytes, pack_acts_amx, range_amx, AMX_TILE_ROWS};
+#[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use vnni::{
