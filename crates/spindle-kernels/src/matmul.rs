@@ -249,7 +249,7 @@ pub fn matmul_with(
                 &ACTS,
                 QuantizedActs::new,
                 |acts| -> Result<(), KernelError> {
-                    acts.quantize_with_isa(isa, format, x, n, w.cols)?;
+                    acts.quantize_on(isa, format, x, n, w.cols, Some(pool))?;
                     let acts = &*acts;
                     let out = OutPtr::new(out);
                     let Some(multi) = packed_kernel else {

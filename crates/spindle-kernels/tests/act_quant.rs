@@ -148,3 +148,25 @@ fn super256_shares_one_scale_per_256_values() {
     assert!(q.quantize(format, &x[..512], 2, 256).is_ok());
     assert!(q.quantize(format, &x[..640], 1, 640).is_err());
 }
+
+/// A large batch split over a pool's threads gives the bits of one thread
+/// (and of the scalar path), for every format, with an odd row count so
+/// the split is uneven.
+#[test]
+fn rows_split_over_threads_give_the_same_bits() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let pool = spindle_kernels::ThreadPool::new(2);
+    let (n, cols) = (301, 512);
+    let x = random_acts(&mut rng, n, cols);
+    for format in [ActFormat::Block32, ActFormat::Super256, ActFormat::Block32F16] {
+        let mut reference = QuantizedActs::new();
+        reference
+            .quantize_with_isa(spindle_kernels::simd::Isa::Scalar, format, &x, n, cols)
+            .unwrap();
+        for isa in available_isas() {
+            let mut q = QuantizedActs::new();
+            q.quantize_on(isa, format, &x, n, cols, Some(&pool)).unwrap();
+            assert!(snapshot(&q) == snapshot(&reference), "{format:?} {isa}");
+        }
+    }
+}

@@ -179,6 +179,21 @@ impl QuantizedActs {
         n: usize,
         cols: usize,
     ) -> Result<(), KernelError> {
+        self.quantize_on(isa, format, x, n, cols, None)
+    }
+
+    /// [`quantize_with_isa`](Self::quantize_with_isa), its rows split over
+    /// `pool`'s threads when the batch is large (every row is quantized by
+    /// the same operations whoever takes it: the same bits).
+    pub fn quantize_on(
+        &mut self,
+        isa: Isa,
+        format: ActFormat,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        pool: Option<&crate::threadpool::ThreadPool>,
+    ) -> Result<(), KernelError> {
         if !isa.is_available() {
             return Err(KernelError::unsupported(format!("ISA {isa} on this CPU")));
         }
@@ -208,42 +223,40 @@ impl QuantizedActs {
         self.d.resize(total / bl, 0.0);
         self.bsums.resize(total / bl, 0);
 
-        // One scale per `group` values into the front of `d`, then spread
-        // over the group's blocks (back to front: a group's entries never
-        // overwrite a scale not yet spread).
-        let groups = total / group;
-        let scales = &mut self.d[..groups];
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2 availability was checked above.
-            Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => unsafe {
-                avx2::quantize_blocks(x, &mut self.qs, scales, group)
-            },
-            _ => {
-                for ((xb, qb), d) in x
-                    .chunks_exact(group)
-                    .zip(self.qs.chunks_exact_mut(group))
-                    .zip(scales.iter_mut())
-                {
-                    *d = quantize_block(xb, qb);
-                }
+        match pool {
+            Some(pool) if pool.n_threads() > 1 && total >= PARALLEL_VALUES => {
+                // Whole rows per thread; each part's buffers are disjoint.
+                let parts = Parts {
+                    qs: self.qs.as_mut_ptr(),
+                    d: self.d.as_mut_ptr(),
+                    bsums: self.bsums.as_mut_ptr(),
+                };
+                let nb = cols / bl;
+                // Borrowed whole (not its fields), so the closure is Sync.
+                let parts = &parts;
+                pool.run(&|t, nt| {
+                    let (r0, r1) = (n * t / nt, n * (t + 1) / nt);
+                    if r0 == r1 {
+                        return;
+                    }
+                    let x = &x[r0 * cols..r1 * cols];
+                    // SAFETY: the ranges of rows r0..r1 of the three buffers
+                    // (sized above) are this thread's alone, and the buffers
+                    // outlive `pool.run`.
+                    let (qs, d, bsums) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(parts.qs.add(r0 * cols), x.len()),
+                            std::slice::from_raw_parts_mut(parts.d.add(r0 * nb), (r1 - r0) * nb),
+                            std::slice::from_raw_parts_mut(
+                                parts.bsums.add(r0 * nb),
+                                (r1 - r0) * nb,
+                            ),
+                        )
+                    };
+                    quantize_rows(isa, format, x, qs, d, bsums);
+                });
             }
-        }
-        if format == ActFormat::Block32F16 {
-            for d in scales.iter_mut() {
-                *d = half::f16::from_f32(*d).to_f32();
-            }
-        }
-        let per_group = group / bl;
-        if per_group > 1 {
-            for g in (0..groups).rev() {
-                let d = self.d[g];
-                self.d[g * per_group..(g + 1) * per_group].fill(d);
-            }
-        }
-        for (run, s) in self.qs.chunks_exact(bl).zip(self.bsums.iter_mut()) {
-            // At most 32 * 127 in magnitude.
-            *s = run.iter().map(|&q| q as i16).sum();
+            _ => quantize_rows(isa, format, x, &mut self.qs, &mut self.d, &mut self.bsums),
         }
         Ok(())
     }
@@ -302,6 +315,74 @@ impl QuantizedActs {
             }
         }
         Ok(())
+    }
+}
+
+/// From this many values on, [`QuantizedActs::quantize_on`] splits rows
+/// over the pool (below, waking it costs more).
+const PARALLEL_VALUES: usize = 64 * 1024;
+
+/// The three buffers of a batch being quantized, shared by the threads of
+/// one `pool.run`, each writing only its own rows.
+struct Parts {
+    qs: *mut i8,
+    d: *mut f32,
+    bsums: *mut i16,
+}
+
+// SAFETY: the threads write disjoint row ranges (see `quantize_on`), and
+// the buffers outlive the `pool.run` that uses them.
+unsafe impl Sync for Parts {}
+
+/// Quantizes whole rows `x` into `qs`, `d` and `bsums` (the rows' parts of
+/// the batch's buffers): the same operations whichever rows a call gets.
+/// The ISA was checked available by the caller.
+fn quantize_rows(
+    isa: Isa,
+    format: ActFormat,
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    bsums: &mut [i16],
+) {
+    let bl = format.block_len();
+    let group = format.scale_len();
+    // One scale per `group` values into the front of `d`, then spread over
+    // the group's blocks (back to front: a group's entries never overwrite
+    // a scale not yet spread).
+    let groups = x.len() / group;
+    let scales = &mut d[..groups];
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller checked the ISA (AVX2 for these paths).
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => unsafe {
+            avx2::quantize_blocks(x, qs, scales, group)
+        },
+        _ => {
+            for ((xb, qb), d) in x
+                .chunks_exact(group)
+                .zip(qs.chunks_exact_mut(group))
+                .zip(scales.iter_mut())
+            {
+                *d = quantize_block(xb, qb);
+            }
+        }
+    }
+    if format == ActFormat::Block32F16 {
+        for d in scales.iter_mut() {
+            *d = half::f16::from_f32(*d).to_f32();
+        }
+    }
+    let per_group = group / bl;
+    if per_group > 1 {
+        for g in (0..groups).rev() {
+            let v = d[g];
+            d[g * per_group..(g + 1) * per_group].fill(v);
+        }
+    }
+    for (run, s) in qs.chunks_exact(bl).zip(bsums.iter_mut()) {
+        // At most 32 * 127 in magnitude.
+        *s = run.iter().map(|&q| q as i16).sum();
     }
 }
 
