@@ -242,6 +242,36 @@ pub(crate) unsafe fn dot_ss<const C: u8, const A: u8, const B: u8>() {
     }
 }
 
+/// The tile unit's int8 ceiling for [`crate::int8_peak`]: `iterations` of
+/// six independent `tdpbssd` on full tiles (16 x 16 x 64, 16,384
+/// multiply-accumulates each), no loads; returns the multiply-accumulates
+/// done. Only called where [`available`] is true.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn peak_loop(iterations: u64) -> u64 {
+    if !available() {
+        return 0;
+    }
+    let mut cfg = TileConfig::new();
+    for t in 0..8 {
+        cfg.set(t, 16, 64);
+    }
+    // SAFETY: AMX is available (checked above) and configured; the loop
+    // touches only tile registers.
+    unsafe {
+        cfg.load();
+        for _ in 0..iterations {
+            dot_ss::<2, 0, 1>();
+            dot_ss::<3, 0, 1>();
+            dot_ss::<4, 0, 1>();
+            dot_ss::<5, 0, 1>();
+            dot_ss::<6, 0, 1>();
+            dot_ss::<7, 0, 1>();
+        }
+        release();
+    }
+    iterations * 6 * 16 * 16 * 64
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;

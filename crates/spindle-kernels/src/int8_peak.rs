@@ -44,6 +44,9 @@ fn loops() -> Vec<(&'static str, &'static str, Loop)> {
         if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni") {
             v.push(("avx512vnni", "vpdpbusd zmm", x86::avx512vnni_loop));
         }
+        if crate::amx::available() {
+            v.push(("amx", "tdpbssd 16x16x64", crate::amx::peak_loop));
+        }
     }
     v
 }
@@ -258,7 +261,7 @@ mod tests {
             assert!(p.one_thread > 1e6 && p.one_thread < 1e13, "{p:?}");
         }
         let names: Vec<_> = peaks.iter().map(|p| p.path).collect();
-        let missing: Vec<_> = ["avx2", "avxvnni", "avx512vnni"]
+        let missing: Vec<_> = ["avx2", "avxvnni", "avx512vnni", "amx"]
             .into_iter()
             .filter(|n| !names.contains(n))
             .collect();

@@ -65,7 +65,7 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => has_avx2(),
             Isa::Avx512Vnni => has_avx2() && has_avx512vnni(),
-            Isa::Amx => has_avx2() && has_avx512vnni() && crate::amx::available(),
+            Isa::Amx => has_avx2() && has_avx512vnni() && has_bitalg() && crate::amx::available(),
         }
     }
 
@@ -114,6 +114,18 @@ fn has_avx512vnni() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn has_avx512vnni() -> bool {
+    false
+}
+
+/// AVX-512 BITALG (`vpshufbitqmb`, which the AMX path's weight decoder
+/// uses; every CPU with AMX has it).
+#[cfg(target_arch = "x86_64")]
+fn has_bitalg() -> bool {
+    is_x86_feature_detected!("avx512bitalg")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_bitalg() -> bool {
     false
 }
 

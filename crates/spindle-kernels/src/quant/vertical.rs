@@ -46,7 +46,7 @@ pub enum WeightLayout {
 
 /// Where a type's value bits above the nibble go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum High {
+pub(crate) enum High {
     /// 8-bit values in a byte plane (Q8_0).
     Bytes,
     /// 4-bit values: nibbles only.
@@ -117,6 +117,31 @@ impl Spec {
             self.super_bytes
         }
     }
+}
+
+/// Where a vertical group's planes lie, for kernels that read them as they
+/// are: the high bits' kind, the offsets of the main plane (bytes or
+/// nibbles) and of the high plane in a group of `m` blocks, and the bytes
+/// of a full group (every group before a row's last is one).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Planes {
+    pub high: High,
+    pub main: usize,
+    pub high_at: usize,
+    pub full_group_bytes: usize,
+}
+
+/// [`Planes`] of a vertical type's group of `m` (8, or 4 for a half group)
+/// blocks; `None` for other types.
+pub(crate) fn planes_of(ty: GgmlType, m: usize) -> Option<Planes> {
+    let spec = Spec::of(ty)?;
+    let (main, high_at) = spec.planes(m);
+    Some(Planes {
+        high: spec.high,
+        main,
+        high_at,
+        full_group_bytes: spec.group_bytes(8),
+    })
 }
 
 /// Whether a matrix of `ty` with rows of `cols` values can be stored
