@@ -238,3 +238,42 @@ fn constrained_requests_in_a_batch_equal_their_solo_runs() {
         assert_eq!(tokens, solo[i], "request {i}");
     }
 }
+
+/// An object schema that names its properties and says nothing of others
+/// is closed, as llama.cpp's grammars and OpenAI's strict mode read it: a
+/// key it does not name is refused (a small model otherwise repeats made-up
+/// keys until `max_tokens`), nested objects too; `"additionalProperties":
+/// true` keeps it open.
+#[test]
+fn objects_are_closed_unless_the_schema_opens_them() {
+    let Some(m) = load() else { return };
+    let tok = m.tokenizer.as_ref().unwrap();
+    let compiler = GrammarCompiler::new(tok).unwrap();
+    let allowed = |schema: Value, text: &str| {
+        let ids = tok.encode(text, false, false).unwrap();
+        let c = compiler.compile(&Grammar::JsonSchema(schema)).unwrap();
+        let (valid, _) = c.fit_draft(&[], &ids);
+        (valid, ids.len())
+    };
+    let named =
+        json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+    let extra = r#"{"a": 1, "zz": 2}"#;
+    let (valid, all) = allowed(named.clone(), r#"{"a": 1}"#);
+    assert_eq!(valid, all, "the named key is allowed");
+    let (valid, all) = allowed(named, extra);
+    assert!(
+        valid < all,
+        "an unnamed key was allowed ({valid} of {all} tokens)"
+    );
+    let open = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+                      "required": ["a"], "additionalProperties": true});
+    let (valid, all) = allowed(open, extra);
+    assert_eq!(
+        valid, all,
+        "additionalProperties: true keeps the object open"
+    );
+    let nested = json!({"type": "object", "properties": {"o": {"type": "object",
+                        "properties": {"a": {"type": "integer"}}}}, "required": ["o"]});
+    let (valid, all) = allowed(nested, r#"{"o": {"a": 1, "zz": 2}}"#);
+    assert!(valid < all, "an unnamed key of a nested object was allowed");
+}

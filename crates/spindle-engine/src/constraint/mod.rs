@@ -49,7 +49,9 @@ impl Grammar {
 
     fn top_level(&self) -> TopLevelGrammar {
         match self {
-            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
+            Grammar::JsonSchema(s) => {
+                TopLevelGrammar::from_json_schema(compact(close_objects(s.clone())))
+            }
             Grammar::JsonObject => {
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
             }
@@ -57,6 +59,43 @@ impl Grammar {
             Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
         }
     }
+}
+
+/// `schema` with `"additionalProperties": false` added to every object
+/// schema that lists its properties and says nothing of others, as
+/// llama.cpp's grammars and OpenAI's strict structured outputs read such
+/// schemas: the output carries the keys the schema names, and a model
+/// cannot wander into made-up ones (a small model otherwise repeats keys
+/// until `max_tokens`). `"additionalProperties": true` keeps an object
+/// open.
+pub fn close_objects(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+            o.insert(
+                "additionalProperties".into(),
+                serde_json::Value::Bool(false),
+            );
+        }
+        for (k, v) in o.iter_mut() {
+            match (k.as_str(), v) {
+                ("properties" | "$defs" | "definitions", serde_json::Value::Object(props)) => {
+                    for p in props.values_mut() {
+                        *p = close_objects(std::mem::take(p));
+                    }
+                }
+                ("items" | "additionalProperties", v @ serde_json::Value::Object(_)) => {
+                    *v = close_objects(std::mem::take(v));
+                }
+                ("anyOf" | "oneOf" | "prefixItems", serde_json::Value::Array(list)) => {
+                    for p in list.iter_mut() {
+                        *p = close_objects(std::mem::take(p));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    schema
 }
 
 /// JSON is written on one line with a space after `,` and `:` (as

@@ -5,7 +5,7 @@
 //! that makes a required call valid in that format.
 
 use serde_json::{json, Value};
-use spindle_engine::constraint::Grammar;
+use spindle_engine::constraint::{close_objects, Grammar};
 use spindle_model::chat_template::{ChatMessage, ChatTemplate};
 use spindle_model::tokenizer::Tokenizer;
 
@@ -243,7 +243,7 @@ impl ToolFormat {
                                 .expect("a string serializes"),
                             h.constrain.lark(),
                             h.message.lark(),
-                            lark_json(closed(f.parameters.clone()))
+                            lark_json(close_objects(f.parameters.clone()))
                         )
                     })
                     .collect();
@@ -261,7 +261,7 @@ fn call_schema(functions: &[&Function], key: &str) -> Value {
     let one = |f: &Function| {
         json!({
             "type": "object",
-            "properties": {"name": {"const": f.name}, key: closed(f.parameters.clone())},
+            "properties": {"name": {"const": f.name}, key: close_objects(f.parameters.clone())},
             "required": ["name", key],
             "additionalProperties": false,
         })
@@ -270,37 +270,6 @@ fn call_schema(functions: &[&Function], key: &str) -> Value {
         [f] => one(f),
         _ => json!({"anyOf": functions.iter().map(|f| one(f)).collect::<Vec<_>>()}),
     }
-}
-
-/// `schema` with `"additionalProperties": false` added to every object
-/// schema that lists its properties and says nothing of others (as
-/// llama.cpp's grammars read such schemas): a call carries the arguments
-/// the function declares, and a model cannot wander into made-up ones.
-fn closed(mut schema: Value) -> Value {
-    if let Some(o) = schema.as_object_mut() {
-        if o.contains_key("properties") && !o.contains_key("additionalProperties") {
-            o.insert("additionalProperties".into(), Value::Bool(false));
-        }
-        for (k, v) in o.iter_mut() {
-            match (k.as_str(), v) {
-                ("properties" | "$defs" | "definitions", Value::Object(props)) => {
-                    for p in props.values_mut() {
-                        *p = closed(std::mem::take(p));
-                    }
-                }
-                ("items" | "additionalProperties", v @ Value::Object(_)) => {
-                    *v = closed(std::mem::take(v));
-                }
-                ("anyOf" | "oneOf" | "prefixItems", Value::Array(list)) => {
-                    for p in list.iter_mut() {
-                        *p = closed(std::mem::take(p));
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    schema
 }
 
 /// A schema for Lark's `%json`, laid out as top-level schemas are (one line,
