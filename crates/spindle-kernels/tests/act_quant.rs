@@ -158,14 +158,19 @@ fn rows_split_over_threads_give_the_same_bits() {
     let pool = spindle_kernels::ThreadPool::new(2);
     let (n, cols) = (301, 512);
     let x = random_acts(&mut rng, n, cols);
-    for format in [ActFormat::Block32, ActFormat::Super256, ActFormat::Block32F16] {
+    for format in [
+        ActFormat::Block32,
+        ActFormat::Super256,
+        ActFormat::Block32F16,
+    ] {
         let mut reference = QuantizedActs::new();
         reference
             .quantize_with_isa(spindle_kernels::simd::Isa::Scalar, format, &x, n, cols)
             .unwrap();
         for isa in available_isas() {
             let mut q = QuantizedActs::new();
-            q.quantize_on(isa, format, &x, n, cols, Some(&pool)).unwrap();
+            q.quantize_on(isa, format, &x, n, cols, Some(&pool))
+                .unwrap();
             assert!(snapshot(&q) == snapshot(&reference), "{format:?} {isa}");
         }
     }

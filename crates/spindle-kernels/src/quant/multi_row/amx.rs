@@ -1124,7 +1124,12 @@ mod tests {
     use crate::quant::{q4_0::Q4_0, q4_k::Q4K, q5_0::Q5_0, q5_k::Q5K, q6_k::Q6K, q8_0::Q8_0};
 
     /// Random bytes with sane f16 scales, as vertical rows of `ty`.
-    fn vertical_rows(ty: spindle_formats::GgmlType, rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+    fn vertical_rows(
+        ty: spindle_formats::GgmlType,
+        rows: usize,
+        cols: usize,
+        seed: u32,
+    ) -> Vec<u8> {
         let bytes = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
         let mut x = seed;
         let mut data: Vec<u8> = (0..bytes)
@@ -1164,15 +1169,30 @@ mod tests {
                 decode_tile_reference::<T>(&data, row_bytes, (t0, rt), nb, &mut b);
             }
             for blk in 0..nb {
-                assert_eq!(a.b[blk].0, b.b[blk].0, "{ty} {cols}: B tile of block {blk}, rows {t0}+{rt}");
+                assert_eq!(
+                    a.b[blk].0, b.b[blk].0,
+                    "{ty} {cols}: B tile of block {blk}, rows {t0}+{rt}"
+                );
                 let bits = |v: &Rows16| v.0.map(f32::to_bits);
-                assert_eq!(bits(&a.f0[blk]), bits(&b.f0[blk]), "{ty} {cols}: f0 of block {blk}");
+                assert_eq!(
+                    bits(&a.f0[blk]),
+                    bits(&b.f0[blk]),
+                    "{ty} {cols}: f0 of block {blk}"
+                );
                 if matches!(T::FOLD, Fold::KMin) {
-                    assert_eq!(bits(&a.f1[blk]), bits(&b.f1[blk]), "{ty} {cols}: f1 of block {blk}");
+                    assert_eq!(
+                        bits(&a.f1[blk]),
+                        bits(&b.f1[blk]),
+                        "{ty} {cols}: f1 of block {blk}"
+                    );
                 }
                 if matches!(T::FOLD, Fold::Q6) {
                     for h in 0..2 {
-                        assert_eq!(a.sc[2 * blk + h].0, b.sc[2 * blk + h].0, "{ty}: sc {blk} {h}");
+                        assert_eq!(
+                            a.sc[2 * blk + h].0,
+                            b.sc[2 * blk + h].0,
+                            "{ty}: sc {blk} {h}"
+                        );
                     }
                 }
             }
@@ -1192,7 +1212,9 @@ mod tests {
             && std::is_x86_feature_detected!("avx512vl")
             && std::is_x86_feature_detected!("avx512bitalg");
         if !decodable {
-            eprintln!("note: no AVX-512 BITALG on this CPU; the AMX tile decoder was not tested here");
+            eprintln!(
+                "note: no AVX-512 BITALG on this CPU; the AMX tile decoder was not tested here"
+            );
             return;
         }
         use spindle_formats::GgmlType as G;
