@@ -168,7 +168,7 @@ fn tokens_per_pass(g: &Generation) -> Option<f64> {
 /// Who a request is, as the log shows it: a fingerprint of its API key
 /// (never the key), or `default`.
 fn tenant_label(headers: &HeaderMap) -> String {
-    match crate::routes::bearer(headers) {
+    match crate::keys::bearer(headers) {
         Some(key) => {
             let digest = Sha256::digest(key.as_bytes());
             let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();

@@ -521,7 +521,7 @@ fn busy(max_connections: usize) -> ApiError {
 /// `/health`'s answer (the same as the route's) as the bytes of a whole
 /// HTTP response.
 fn healthy_bytes() -> Vec<u8> {
-    whole_response("200 OK", "", &crate::routes::health_body())
+    whole_response("200 OK", "", &crate::replies::health_body())
 }
 
 /// [`busy`] as the bytes of a whole HTTP response, for a connection that

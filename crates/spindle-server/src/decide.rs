@@ -13,9 +13,12 @@ use spindle_engine::scheduler::Event;
 use tokio::sync::mpsc;
 
 use crate::access::Access;
+use crate::body::parse;
 use crate::error::ApiError;
 use crate::generation::{new_id, submit_error};
-use crate::routes::{check_model, parse, tenant, Shared};
+use crate::keys::tenant;
+use crate::models::check_model;
+use crate::Shared;
 
 pub async fn decide(
     State(state): State<Shared>,

@@ -13,9 +13,10 @@ use spindle_engine::embed::{EmbedHandle, EmbedInput, EmbedOptions, JobKind};
 use spindle_model::encoder::{normalize, EncodedText};
 
 use crate::access::Access;
+use crate::body::parse;
 use crate::error::ApiError;
-use crate::routes::{parse, Shared};
 use crate::AppState;
+use crate::Shared;
 
 /// OpenAI's `input`: a string, strings, token ids, or lists of ids.
 #[derive(Debug, Deserialize)]

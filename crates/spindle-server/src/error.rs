@@ -95,6 +95,31 @@ impl From<RequestError> for ApiError {
     }
 }
 
+/// Errors that axum itself answers (a wrong method, a body over the limit)
+/// get OpenAI-style JSON bodies too, as every other error does.
+pub(crate) async fn openai_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return resp;
+    }
+    let message = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            "this endpoint does not take that method (the Allow header says which it takes)"
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => "the request body is over the 2 MiB limit",
+        s => s.canonical_reason().unwrap_or("the request failed"),
+    };
+    let mut out = ApiError::new(status, message).into_response();
+    if let Some(allow) = resp.headers().get(header::ALLOW) {
+        out.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

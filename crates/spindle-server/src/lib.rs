@@ -6,6 +6,8 @@
 //! ([`access::TARGET`]).
 
 pub mod access;
+mod body;
+mod completions;
 pub mod connections;
 mod cors;
 mod decide;
@@ -13,12 +15,17 @@ mod embeddings;
 mod error;
 mod generation;
 mod guarded_body;
+mod keys;
 mod memory;
+mod models;
 pub mod openai;
+mod prompts;
 mod props;
+mod replies;
 mod routes;
 mod stream;
 mod text;
+mod tokens;
 pub mod tools;
 
 use std::net::SocketAddr;
@@ -34,6 +41,9 @@ pub use cors::{CorsOriginError, CorsOrigins};
 pub use error::ApiError;
 pub use props::{KvProps, Props, SpecProps};
 pub use routes::router;
+
+/// The state every handler is given.
+pub(crate) type Shared = Arc<AppState>;
 
 /// What every handler shares.
 pub struct AppState {

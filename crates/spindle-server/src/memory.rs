@@ -9,8 +9,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::routes::Shared;
 use crate::AppState;
+use crate::Shared;
 
 /// How often the memory line is logged (at debug level).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);

@@ -7,7 +7,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use spindle_model::{KvLayout, BLOCK};
 
-use crate::routes::Shared;
+use crate::Shared;
 
 /// What `/props` reports beyond what the engine handle knows; filled in by
 /// whoever starts the server (the CLI knows the files and the flags).

@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::generation::{DraftCounts, Piece};
-use crate::routes::{logprobs_json, tool_call_json, usage, Kind, Shared};
+use crate::replies::{logprobs_json, tool_call_json, usage, Kind};
+use crate::Shared;
 
 /// Writes a job's pieces as server-sent events.
 pub(crate) struct Streamer {
