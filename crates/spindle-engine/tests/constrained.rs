@@ -225,6 +225,7 @@ fn constrained_requests_in_a_batch_equal_their_solo_runs() {
                     logit_bias: Vec::new(),
                     logprobs: None,
                     constraint: Some(constraint.clone()),
+                    speculate: true,
                 },
                 score: None,
                 tenant: "t".into(),

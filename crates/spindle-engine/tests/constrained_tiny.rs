@@ -155,6 +155,7 @@ fn constrained_speculation_and_batches_equal_plain_constrained_decoding() {
                     logit_bias: Vec::new(),
                     logprobs: None,
                     constraint: req.constraint.clone(),
+                    speculate: true,
                 },
                 tenant: "t".into(),
                 score: None,

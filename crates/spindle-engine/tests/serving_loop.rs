@@ -43,6 +43,7 @@ fn params(i: u64, max_tokens: usize) -> RequestParams {
         logit_bias: Vec::new(),
         logprobs: None,
         constraint: None,
+        speculate: true,
     }
 }
 
@@ -93,7 +94,8 @@ fn collect_after(rx: &mut UnboundedReceiver<Event>, seen: usize) -> (Vec<u32>, F
             Event::Error(e) => panic!("{e}"),
             Event::Scores(s) => panic!("a generation request got scores: {s:?}"),
             Event::Speculated { drafted, accepted } => {
-                assert!(drafted > 0 && accepted <= drafted, "{drafted} {accepted}");
+                // One per pass that chose tokens; 0 drafted in a plain pass.
+                assert!(accepted <= drafted, "{drafted} {accepted}");
             }
         }
     }

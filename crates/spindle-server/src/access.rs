@@ -214,6 +214,7 @@ mod tests {
                 drafts: DraftCounts {
                     drafted: 10,
                     accepted: 6,
+                    passes: 3,
                 },
             }),
         };

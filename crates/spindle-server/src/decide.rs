@@ -88,6 +88,7 @@ pub async fn decide(
     let answers = plan
         .answers_with(&scores, Some(&state.priors))
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    state.decisions.record(answers.len());
     let prompt = plan.prompt.len();
     let tree = plan.tree_rows();
     let mut out = json!({
@@ -111,4 +112,44 @@ pub async fn decide(
         );
     }
     Ok(Json(out))
+}
+
+/// Decisions answered, for `/metrics` (the dashboard's decisions per
+/// second).
+#[derive(Debug, Default)]
+pub struct DecisionCounts {
+    requests: std::sync::atomic::AtomicU64,
+    questions: std::sync::atomic::AtomicU64,
+}
+
+impl DecisionCounts {
+    fn record(&self, questions: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.requests.fetch_add(1, Relaxed);
+        self.questions.fetch_add(questions as u64, Relaxed);
+    }
+
+    /// `spindle:decide_requests_total` and `spindle:decide_questions_total`.
+    pub(crate) fn render(&self, model: &str) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = String::new();
+        for (name, help, v) in [
+            (
+                "spindle:decide_requests_total",
+                "Requests /v1/decide answered.",
+                &self.requests,
+            ),
+            (
+                "spindle:decide_questions_total",
+                "Questions /v1/decide answered (a request asks one or more).",
+                &self.questions,
+            ),
+        ] {
+            out += &format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{model_name=\"{model}\"}} {}\n",
+                v.load(Relaxed)
+            );
+        }
+        out
+    }
 }

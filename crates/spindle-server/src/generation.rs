@@ -40,18 +40,32 @@ pub struct Job {
     pub access: Option<Access>,
 }
 
-/// Drafted tokens a request's passes verified, and how many were kept
-/// (`usage.drafted` and `usage.accepted`).
+/// Drafted tokens a request's passes verified, how many were kept, and
+/// the passes that chose its tokens (`usage.drafted`, `usage.accepted`,
+/// `usage.passes`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DraftCounts {
     pub drafted: usize,
     pub accepted: usize,
+    pub passes: usize,
+}
+
+impl DraftCounts {
+    /// One pass's counts.
+    fn pass(drafted: usize, accepted: usize) -> DraftCounts {
+        DraftCounts {
+            drafted,
+            accepted,
+            passes: 1,
+        }
+    }
 }
 
 impl std::ops::AddAssign for DraftCounts {
     fn add_assign(&mut self, o: DraftCounts) {
         self.drafted += o.drafted;
         self.accepted += o.accepted;
+        self.passes += o.passes;
     }
 }
 
@@ -220,6 +234,7 @@ pub fn build_job(
             logit_bias,
             logprobs: logprobs.map(|k| k as usize),
             constraint,
+            speculate: f.speculation.unwrap_or(true),
         },
         stops,
         n: n as usize,
@@ -537,7 +552,7 @@ async fn relay(
                     // The pass's draft counts may have been sent already.
                     while let Ok(e) = events.try_recv() {
                         if let Event::Speculated { drafted, accepted } = e {
-                            drafts += DraftCounts { drafted, accepted };
+                            drafts += DraftCounts::pass(drafted, accepted);
                         }
                     }
                     // Dropping `events` cancels the sequence.
@@ -556,7 +571,7 @@ async fn relay(
                 return (f.completion_tokens, drafts);
             }
             Event::Speculated { drafted, accepted } => {
-                drafts += DraftCounts { drafted, accepted };
+                drafts += DraftCounts::pass(drafted, accepted);
             }
             Event::Error(e) => {
                 out.fail(ApiError::from(e)).await;

@@ -27,6 +27,7 @@ mod stream;
 mod text;
 mod tokens;
 pub mod tools;
+mod webui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,6 +83,11 @@ pub struct AppState {
     /// The encoder behind `/v1/embeddings` and `/v1/rerank`
     /// (`--embedding-model`), with its own queue.
     pub embedder: Option<spindle_engine::embed::EmbedHandle>,
+    /// Decisions answered (`/metrics`).
+    pub(crate) decisions: decide::DecisionCounts,
+    /// Whether `/` and `/dashboard` serve the web pages (`--no-webui`
+    /// turns them off).
+    pub webui: bool,
 }
 
 impl AppState {
@@ -125,6 +131,8 @@ impl AppState {
             props: Props::default(),
             cors: CorsOrigins::Off,
             embedder: None,
+            decisions: decide::DecisionCounts::default(),
+            webui: true,
         }
     }
 }

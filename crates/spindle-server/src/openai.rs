@@ -33,6 +33,9 @@ pub struct SamplingFields {
     pub json_schema: Option<serde_json::Value>,
     pub grammar: Option<String>,
     pub regex: Option<String>,
+    /// Spindle's extension: `false` runs this request without drafts
+    /// (the same tokens; for comparing, or where drafts do not pay).
+    pub speculation: Option<bool>,
     /// Functions the model may call (chat only), `tool_choice` (`none`,
     /// `auto`, `required`, or `{"type": "function", "function": {"name"}}`)
     /// and whether one reply may hold several calls. Checked by hand in

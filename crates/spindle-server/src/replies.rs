@@ -32,7 +32,8 @@ impl Kind {
 
 /// OpenAI's usage object, with Spindle's speculation counts beside it:
 /// `drafted` tokens verified for the request and `accepted` of them kept
-/// (0 and 0 with `--spec off`).
+/// (0 and 0 with `--spec off`), and the `passes` that chose its tokens
+/// (completion tokens per pass: what speculation bought).
 pub(crate) fn usage(prompt: usize, completion: usize, drafts: DraftCounts) -> Value {
     json!({
         "prompt_tokens": prompt,
@@ -40,6 +41,7 @@ pub(crate) fn usage(prompt: usize, completion: usize, drafts: DraftCounts) -> Va
         "total_tokens": prompt + completion,
         "drafted": drafts.drafted,
         "accepted": drafts.accepted,
+        "passes": drafts.passes,
     })
 }
 

@@ -79,13 +79,19 @@ const ENDPOINTS: &[Endpoint] = &[
     },
 ];
 
-/// The 404 message: every endpoint, from [`ENDPOINTS`].
-fn not_found_message() -> String {
-    let paths: Vec<&str> = ENDPOINTS.iter().map(|e| e.path).collect();
+/// The 404 message: every endpoint, from [`ENDPOINTS`] (and the pages'
+/// paths when they are served).
+fn not_found_message(webui: bool) -> String {
+    let pages = if webui { crate::webui::PATHS } else { &[] };
+    let paths: Vec<&str> = ENDPOINTS
+        .iter()
+        .map(|e| e.path)
+        .chain(pages.iter().copied())
+        .collect();
     format!("no such endpoint: see {}", paths.join(", "))
 }
 
-/// Every route; `/health` and `/metrics` need no key. Each request is
+/// Every route; `/health`, `/metrics` and the web pages need no key. Each request is
 /// logged (outermost, so refusals by the layers below are logged too),
 /// and with `--cors-origin` preflights are answered before the key check.
 pub fn router(state: Shared) -> Router {
@@ -98,11 +104,14 @@ pub fn router(state: Shared) -> Router {
             open = open.route(e.path, (e.route)());
         }
     }
+    if state.webui {
+        open = open.merge(crate::webui::routes());
+    }
     let guarded = guarded.route_layer(middleware::from_fn_with_state(
         state.clone(),
         crate::keys::require_key,
     ));
-    let not_found = not_found_message();
+    let not_found = not_found_message(state.webui);
     let mut app = open
         .merge(guarded)
         .fallback(move || async move { ApiError::new(StatusCode::NOT_FOUND, not_found) })
@@ -122,6 +131,7 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.engine.metrics.render(&state.model_name)
+            + &state.decisions.render(&state.model_name)
             + &crate::memory::render(&state)
             + &state
                 .embedder

@@ -99,6 +99,11 @@ pub struct ServeArgs {
     /// default.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
+    /// Serve no web pages: without it, / is a chat page (and a decision
+    /// playground) and /dashboard live charts of /metrics, both from files
+    /// inside the binary that call only this server.
+    #[arg(long = "no-webui")]
+    pub no_webui: bool,
     /// Also answer /v1/embeddings and /v1/rerank, with this encoder (a BERT
     /// GGUF or Hugging Face directory; `default` for all-MiniLM-L6-v2,
     /// pulled on first use). It has its own queue and batches its requests
@@ -309,8 +314,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let webui = state.webui;
     rt.block_on(spindle_server::serve(state, addr, |bound| {
         eprintln!("serving {name} ({summary}) at http://{bound}/v1");
+        if webui {
+            eprintln!("chat page at http://{bound}/, dashboard at http://{bound}/dashboard (--no-webui: off)");
+        }
         // Scripts wait for this line on stdout.
         println!("http://{bound}/v1");
     }))
@@ -431,6 +440,7 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
     state.props = props;
     state.priors = spindle_engine::decide::PriorCache::new(args.decide_cache_mb << 20);
     state.cors = cors;
+    state.webui = !args.no_webui;
     if let Some(p) = &args.embedding_model {
         let given = (p.as_os_str() != "default").then(|| p.clone());
         let mut e = args.encoder.load(&given, threads)?;

@@ -178,9 +178,16 @@ def _():
     assert traffic_accepted(root) - before >= 8, "alice was not drafted from her own output"
 
 
+def per_position(name, root=ROOT):
+    """A per-position counter's samples, by position."""
+    return {int(labels["position"]): v for n, labels, v in exposition(root) if n == name}
+
+
 @check("speculation in the batch drafts and is accepted on repetitive text")
 def _():
     before = metrics()
+    pos_before = (per_position("spindle:spec_decode_num_draft_tokens_per_pos_total"),
+                  per_position("spindle:spec_decode_num_accepted_tokens_per_pos_total"))
     prompt = "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3,"
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=64, temperature=0, extra_body={"ignore_eos": True})
     after = metrics()
@@ -192,6 +199,28 @@ def _():
     assert accepted >= 8 and drafted >= accepted, (drafted, accepted)
     assert passes < 60, f"{passes} passes for 64 tokens"
     assert r.choices[0].text.startswith(" 1, 2, 3"), r.choices[0].text
+    # By position in the draft: the totals split, positions 0-15, and no
+    # position accepts more than the one before it (a token is accepted only
+    # after its parent).
+    pos = (per_position("spindle:spec_decode_num_draft_tokens_per_pos_total"),
+           per_position("spindle:spec_decode_num_accepted_tokens_per_pos_total"))
+    rise = [{p: pos[k][p] - pos_before[k].get(p, 0) for p in pos[k]} for k in (0, 1)]
+    assert sorted(rise[0]) == list(range(16)), sorted(rise[0])
+    assert sum(rise[0].values()) == drafted and sum(rise[1].values()) == accepted, (rise, drafted, accepted)
+    assert all(rise[1][p] <= rise[0][p] for p in range(16)), rise
+    assert all(rise[1][p + 1] <= rise[1][p] for p in range(15)), rise
+    # The request's own counts: its passes, each one token of its own plus
+    # the drafts it kept.
+    u = r.usage.model_dump()
+    assert u["completion_tokens"] == 64 and 0 < u["passes"] < 60, u
+    assert u["passes"] <= u["completion_tokens"] <= u["passes"] + u["accepted"], u
+    # `speculation: false` runs the same request plainly: no drafts, a pass
+    # per token, the same text.
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=64, temperature=0,
+                                      extra_body={"ignore_eos": True, "speculation": False})
+    pu = plain.usage.model_dump()
+    assert plain.choices[0].text == r.choices[0].text
+    assert pu["drafted"] == 0 and pu["accepted"] == 0 and pu["passes"] == 64, pu
 
 
 @check("chat: streamed deltas add up to the whole reply, usage at the end")

@@ -304,6 +304,7 @@ impl DecisionPlan {
                 logit_bias: Vec::new(),
                 logprobs: None,
                 constraint: None,
+                speculate: true,
             },
             tenant: tenant.to_string(),
             score: Some(self.tree.clone()),

@@ -81,17 +81,19 @@ impl EngineLoop {
         self.admissions += 1;
         let scoring = w.req.score.is_some();
         let speculation = match self.config.tree_budget {
-            Some(b) if !scoring => self.spare_drafters.pop().map(|mut drafter| {
-                drafter.begin(&w.req.tenant);
-                Speculation {
-                    drafter,
-                    budget: if self.config.fixed_tree_budget {
-                        TreeBudget::fixed(b)
-                    } else {
-                        TreeBudget::new(b)
-                    },
-                }
-            }),
+            Some(b) if !scoring && w.req.params.speculate => {
+                self.spare_drafters.pop().map(|mut drafter| {
+                    drafter.begin(&w.req.tenant);
+                    Speculation {
+                        drafter,
+                        budget: if self.config.fixed_tree_budget {
+                            TreeBudget::fixed(b)
+                        } else {
+                            TreeBudget::new(b)
+                        },
+                    }
+                })
+            }
             _ => None,
         };
         let history = w.req.prompt.clone();

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use spindle_model::KvCache;
 
+use crate::speculative::token_tree::{Node, MAX_DEPTH};
 use crate::speculative::{Source, TokenTree, TrafficStats};
 
 /// Upper bounds (seconds) of the latency buckets.
@@ -79,6 +80,9 @@ pub struct Metrics {
     /// Drafted and accepted tokens by draft source ([`Source::index`]); a
     /// node two sources proposed counts for both.
     pub spec_by_source: [(AtomicU64, AtomicU64); Source::COUNT],
+    /// Drafted and accepted tokens by position in the draft (0: the first
+    /// token after the pending one; a tree's depth minus one).
+    pub spec_by_position: [(AtomicU64, AtomicU64); MAX_DEPTH],
     /// The traffic cache (suffix tries of earlier outputs), when there is one.
     pub traffic_bytes: AtomicU64,
     pub traffic_nodes: AtomicU64,
@@ -161,6 +165,19 @@ impl Metrics {
         for (s, (d, a)) in tree.source_counts(accepted).into_iter().enumerate() {
             self.spec_by_source[s].0.fetch_add(d, Ordering::Relaxed);
             self.spec_by_source[s].1.fetch_add(a, Ordering::Relaxed);
+        }
+        let position = |node: &Node| node.depth.clamp(1, MAX_DEPTH) - 1;
+        for node in &tree.nodes {
+            self.spec_by_position[position(node)]
+                .0
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        for &i in accepted {
+            if let Some(node) = tree.nodes.get(i) {
+                self.spec_by_position[position(node)]
+                    .1
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -345,6 +362,28 @@ impl Metrics {
                 let _ = writeln!(
                     out,
                     "{name}{{model_name=\"{model}\",source=\"{source}\"}} {n}"
+                );
+            }
+        }
+        let by_position = [
+            (
+                "spindle:spec_decode_num_draft_tokens_per_pos_total",
+                "Drafted tokens verified, by position in the draft (0: the first after the pending token).",
+                false,
+            ),
+            (
+                "spindle:spec_decode_num_accepted_tokens_per_pos_total",
+                "Drafted tokens accepted, by position in the draft (vLLM's spec_decode_num_accepted_tokens_per_pos).",
+                true,
+            ),
+        ];
+        for (name, help, accepted) in by_position {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (pos, (d, a)) in self.spec_by_position.iter().enumerate() {
+                let n = get(if accepted { a } else { d });
+                let _ = writeln!(
+                    out,
+                    "{name}{{model_name=\"{model}\",position=\"{pos}\"}} {n}"
                 );
             }
         }

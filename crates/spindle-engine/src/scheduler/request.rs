@@ -23,6 +23,9 @@ pub struct RequestParams {
     /// A grammar the output must match, compiled (each request gets its
     /// own copy: `Clone` starts an independent matcher state).
     pub constraint: Option<Constraint>,
+    /// Whether the request's passes may verify drafts (when the engine
+    /// speculates at all); false runs it plainly, for the same tokens.
+    pub speculate: bool,
 }
 
 impl RequestParams {
@@ -209,8 +212,9 @@ pub enum Event {
         id: u32,
         logprobs: Option<TokenLogprobs>,
     },
-    /// A pass verified `drafted` tokens for the request and kept
-    /// `accepted` of them (sent after the pass's tokens).
+    /// A pass chose the request's tokens (sent after them), verifying
+    /// `drafted` tokens for it (0 in a plain pass) and keeping `accepted`
+    /// of them: one per pass that emitted tokens.
     Speculated {
         drafted: usize,
         accepted: usize,

@@ -304,11 +304,13 @@ impl EngineLoop {
         }
         if !p.tree.is_empty() {
             metrics.record_drafts(&p.tree, &accepted);
-            let _ = r.req.events.send(Event::Speculated {
-                drafted: p.tree.len(),
-                accepted: accepted.len(),
-            });
         }
+        // Every pass that chose tokens says so, drafts or not: the client
+        // counts its passes (tokens per pass) from these.
+        let _ = r.req.events.send(Event::Speculated {
+            drafted: p.tree.len(),
+            accepted: accepted.len(),
+        });
         match w.finish {
             Some(reason) => finish(metrics, r, reason),
             None => r.phase = Phase::Decoding,
