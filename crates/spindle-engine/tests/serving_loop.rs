@@ -345,7 +345,7 @@ fn big_ones_behind_small(fair: bool) -> Option<usize> {
     while let Some(event) = events.blocking_recv() {
         match event {
             Event::Finished(f) => lengths.push(f.completion_tokens),
-            Event::Token { .. } => {}
+            Event::Token { .. } | Event::Speculated { .. } => {}
             other => panic!("{other:?}"),
         }
     }
