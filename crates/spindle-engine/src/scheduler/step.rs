@@ -66,6 +66,7 @@ impl EngineLoop {
         };
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         let first_head = logits.head_calls();
+        let walks = Instant::now();
         let mut tokens = 0;
         for p in parts {
             let generated = self.running[p.running].generated;
@@ -84,6 +85,7 @@ impl EngineLoop {
             }
             tokens += self.running[p.running].generated - generated;
         }
+        let walk_ms = walks.elapsed().as_secs_f64() * 1e3;
         let seconds = t.elapsed().as_secs_f64();
         self.cost.record(batch.len(), seconds);
         let head = logits.head_calls();
@@ -96,6 +98,7 @@ impl EngineLoop {
             head_rows_later = head.1 - first_head.1,
             body_ms,
             head_ms,
+            walk_ms,
             ms = seconds * 1e3,
             "pass"
         );
