@@ -66,6 +66,7 @@ impl EngineLoop {
         };
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         let first_head = logits.head_calls();
+        let first_head_seconds = logits.head_seconds();
         let walks = Instant::now();
         let mut tokens = 0;
         for p in parts {
@@ -99,6 +100,7 @@ impl EngineLoop {
             body_ms,
             head_ms,
             walk_ms,
+            walk_head_ms = (logits.head_seconds() - first_head_seconds) * 1e3,
             ms = seconds * 1e3,
             "pass"
         );

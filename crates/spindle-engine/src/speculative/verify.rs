@@ -122,6 +122,8 @@ pub fn walk(
 pub struct LazyLogits {
     hidden: Hidden,
     computed: Vec<Logits>,
+    /// Seconds the full head's calls took (for the pass log).
+    head_seconds: f64,
     /// Screen bounds, per call: the rows and their bounds.
     screened: Vec<(Vec<usize>, ScreenBounds)>,
     /// The model has no screen: every row takes the full head.
@@ -133,6 +135,7 @@ impl LazyLogits {
         LazyLogits {
             hidden,
             computed: Vec::new(),
+            head_seconds: 0.0,
             screened: Vec::new(),
             unscreened: false,
         }
@@ -193,9 +196,16 @@ impl LazyLogits {
             .filter(|&r| self.find(r).is_none())
             .collect();
         if !todo.is_empty() {
+            let t = std::time::Instant::now();
             self.computed.push(model.logits(&self.hidden, &todo)?);
+            self.head_seconds += t.elapsed().as_secs_f64();
         }
         Ok(())
+    }
+
+    /// Seconds the full head's calls have taken so far.
+    pub fn head_seconds(&self) -> f64 {
+        self.head_seconds
     }
 
     /// Calls of the full head so far and the rows they covered (for the
