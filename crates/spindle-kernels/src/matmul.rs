@@ -27,13 +27,11 @@
 //! results are bit-identical across all of these.
 
 use crate::error::KernelError;
-use crate::quant::decoded::{self, ByDecode};
-use crate::quant::multi_row::{self, ActGroup, PackActsFn, QuantJob, QuantRangeFn, MR};
-use crate::quant::q8_act::{ActFormat, ActRounding, ActRow, QuantizedActs};
+use crate::quant::kernels::{FloatRowsFn, Grain, Kernel, QuantMulti, QuantRowsFn};
+use crate::quant::multi_row::{self, ActGroup, QuantJob};
+use crate::quant::q8_act::{ActFormat, ActRounding, QuantizedActs};
 use crate::quant::vertical::{from_vertical, vertical_supported, WeightLayout};
-use crate::quant::{block32, checked_bytes, float, q4_0, q4_k, q5_0, q5_k, q6_k, q8_0};
-use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs};
-use crate::quant::{iq4_nl, iq4_xs, mxfp4, q1_0, q2_0, q2_k, q3_k, q4_1, q5_1, tq1_0, tq2_0};
+use crate::quant::{checked_bytes, float, registry};
 use crate::simd::{detected_isa, Isa};
 use crate::threadpool::ThreadPool;
 use spindle_formats::GgmlType;
@@ -340,31 +338,9 @@ struct Shape {
     n: usize,
 }
 
-/// `k(w_rows, row_bytes, x_row, out)`: `out[j] = dot(row j of w_rows, x_row)`.
-type FloatRowsFn = unsafe fn(&[u8], usize, &[f32], &mut [f32]);
-/// Same with a quantized activation row.
-type QuantRowsFn = unsafe fn(&[u8], usize, ActRow<'_>, &mut [f32]);
-
-/// The multi-row kernel of a quantized type.
-#[derive(Clone, Copy)]
-struct QuantMulti {
-    /// Packs the activations (AVX2); `None`: the kernel reads them as they
-    /// are (scalar).
-    pack: Option<PackActsFn>,
-    range: QuantRangeFn,
-    /// How the kernel wants its work cut, for rows of `cols` values.
-    grain: fn(usize) -> Grain,
-}
-
-#[derive(Clone, Copy)]
-enum Kernel {
-    Float(FloatRowsFn, float::FloatRangeFn),
-    Quant(ActFormat, QuantRowsFn, QuantMulti),
-}
-
-/// The one-row and multi-row kernels that read weights of `ty` in the
-/// vertical layout on `isa` with activations rounded as `rounding` says, if
-/// there are: the VNNI kernels with Block32 activations.
+/// The kernels of `ty` that read the vertical layout on `isa` with
+/// activations rounded as `rounding` says, if there are (the VNNI and tile
+/// kernels, with Block32 activations).
 fn vertical_kernel(
     ty: GgmlType,
     isa: Isa,
@@ -373,256 +349,15 @@ fn vertical_kernel(
     if rounding.format_for(ty) != Some(ActFormat::Block32) {
         return None;
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa.uses_avx512() {
-        use q4_0::Q4_0;
-        use q4_k::Q4K;
-        use q5_0::Q5_0;
-        use q5_k::Q5K;
-        use q6_k::Q6K;
-        use q8_0::Q8_0;
-        let amx = isa == Isa::Amx;
-        fn of<T: crate::quant::vertical::simd::VerticalType>(
-            amx: bool,
-        ) -> (QuantMulti, QuantMulti) {
-            use crate::quant::vertical::simd::{pack_one_row, rows_vertical};
-            let one = QuantMulti {
-                pack: Some(pack_one_row::<T>),
-                range: rows_vertical::<T>,
-                grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
-            };
-            // The tile unit for several rows where the machine has it.
-            let many = if amx {
-                QuantMulti {
-                    pack: Some(multi_row::pack_acts_amx::<T>),
-                    range: multi_row::range_amx::<T>,
-                    grain: |cols| Grain {
-                        act_row_bytes: multi_row::amx_chunk_row_bytes(cols),
-                        act_rows: multi_row::AMX_TILE_ROWS,
-                        weight_rows: multi_row::AMX_TILE_ROWS,
-                    },
-                }
-            } else {
-                QuantMulti {
-                    pack: Some(multi_row::pack_acts_vnni::<T>),
-                    range: multi_row::range_vnni_vertical::<T>,
-                    grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
-                }
-            };
-            (one, many)
-        }
-        return Some(match ty {
-            GgmlType::Q8_0 if !amx => {
-                let (one, mut many) = of::<Q8_0>(false);
-                many.range = multi_row::range_vnni_q8_0_in_place;
-                (one, many)
-            }
-            GgmlType::Q8_0 => of::<Q8_0>(true),
-            GgmlType::Q4_0 => of::<Q4_0>(amx),
-            GgmlType::Q5_0 => of::<Q5_0>(amx),
-            GgmlType::Q4_K => of::<Q4K>(amx),
-            GgmlType::Q5_K => of::<Q5K>(amx),
-            GgmlType::Q6_K => of::<Q6K>(amx),
-            _ => return None,
-        });
-    }
-    let _ = isa;
-    None
+    (registry::of(ty).vertical?)(isa)
 }
 
-/// The scalar multi-row kernel of quantized type `T`.
-fn scalar_multi<T: multi_row::MultiRow>() -> QuantMulti {
-    QuantMulti {
-        pack: None,
-        range: multi_row::range_scalar::<T>,
-        grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
-    }
-}
-
-/// The AVX2 multi-row kernel of quantized type `T`.
-#[cfg(target_arch = "x86_64")]
-fn avx2_multi<T: multi_row::MultiRow>() -> QuantMulti {
-    QuantMulti {
-        pack: Some(multi_row::pack_acts::<T>),
-        range: multi_row::range_avx2::<T>,
-        grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
-    }
-}
-
-/// The VNNI multi-row kernel of quantized type `T`.
-#[cfg(target_arch = "x86_64")]
-fn vnni_multi<T: multi_row::MultiRow>() -> QuantMulti {
-    QuantMulti {
-        pack: Some(multi_row::pack_acts_vnni::<T>),
-        range: multi_row::range_vnni::<T>,
-        grain: |cols| Grain::of_rows(multi_row::packed_row_bytes(cols)),
-    }
-}
-
-/// The kernel of a type computed through its decoded blocks
-/// ([`quant::decoded`](crate::quant::decoded)) on `isa` (on AVX-512 VNNI
-/// machines, the AVX2 multi-row kernels and the one-row kernel with its
-/// 8-block dots by `vpdpbusd`).
-fn decoded_kernel(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
-    macro_rules! kernels {
-        ($T:ty) => {
-            match isa {
-                Isa::Scalar => (
-                    decoded::rows_scalar::<$T> as QuantRowsFn,
-                    scalar_multi::<ByDecode<$T>>(),
-                ),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => (
-                    decoded::rows_avx2::<$T> as QuantRowsFn,
-                    avx2_multi::<ByDecode<$T>>(),
-                ),
-                // The multi-row kernels of these types are the AVX2 ones on
-                // this ISA too (Q2's half sums have no VNNI form).
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Vnni | Isa::Amx => (
-                    decoded::rows_avx512vnni::<$T> as QuantRowsFn,
-                    avx2_multi::<ByDecode<$T>>(),
-                ),
-                #[allow(unreachable_patterns)]
-                _ => return Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
-            }
-        };
-    }
-    let (one_row, multi) = match ty {
-        GgmlType::Q4_1 => kernels!(q4_1::Q4_1),
-        GgmlType::Q5_1 => kernels!(q5_1::Q5_1),
-        GgmlType::IQ4_NL => kernels!(iq4_nl::Iq4Nl),
-        GgmlType::MXFP4 => kernels!(mxfp4::Mxfp4),
-        GgmlType::Q2_K => kernels!(q2_k::Q2K),
-        GgmlType::Q3_K => kernels!(q3_k::Q3K),
-        GgmlType::IQ4_XS => kernels!(iq4_xs::Iq4Xs),
-        GgmlType::TQ1_0 => kernels!(tq1_0::Tq1_0),
-        GgmlType::TQ2_0 => kernels!(tq2_0::Tq2_0),
-        GgmlType::IQ2_XXS => kernels!(iq2_xxs::Iq2Xxs),
-        GgmlType::IQ2_XS => kernels!(iq2_xs::Iq2Xs),
-        GgmlType::IQ2_S => kernels!(iq2_s::Iq2S),
-        GgmlType::IQ3_XXS => kernels!(iq3_xxs::Iq3Xxs),
-        GgmlType::IQ3_S => kernels!(iq3_s::Iq3S),
-        GgmlType::IQ1_S => kernels!(iq1_s::Iq1S),
-        GgmlType::IQ1_M => kernels!(iq1_m::Iq1M),
-        GgmlType::Q1_0 => kernels!(q1_0::Q1_0),
-        GgmlType::Q2_0 => kernels!(q2_0::Q2_0),
-        _ => return Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
-    };
-    Ok(Kernel::Quant(ActFormat::Block32, one_row, multi))
-}
-
-/// The row kernels for a weight type on an ISA. Callers have checked that the
-/// ISA is available, which is what makes calling the returned functions sound.
+/// The row kernels for a weight type on an ISA, from its registry entry.
+/// Callers have checked that the ISA is available, which is what makes
+/// calling the returned functions sound.
 fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
-    use float::{Bf16, F16, F32};
-    use q4_0::Q4_0;
-    use q4_k::Q4K;
-    use q5_0::Q5_0;
-    use q5_k::Q5K;
-    use q6_k::Q6K;
-    use q8_0::Q8_0;
-    let b32 = ActFormat::Block32;
-    match isa {
-        Isa::Scalar => Ok(match ty {
-            GgmlType::F32 => Kernel::Float(float::rows_scalar::<F32>, float::range_scalar::<F32>),
-            GgmlType::F16 => Kernel::Float(float::rows_scalar::<F16>, float::range_scalar::<F16>),
-            GgmlType::BF16 => {
-                Kernel::Float(float::rows_scalar::<Bf16>, float::range_scalar::<Bf16>)
-            }
-            GgmlType::Q8_0 => {
-                Kernel::Quant(b32, block32::rows_scalar::<Q8_0>, scalar_multi::<Q8_0>())
-            }
-            GgmlType::Q4_0 => {
-                Kernel::Quant(b32, block32::rows_scalar::<Q4_0>, scalar_multi::<Q4_0>())
-            }
-            GgmlType::Q5_0 => {
-                Kernel::Quant(b32, block32::rows_scalar::<Q5_0>, scalar_multi::<Q5_0>())
-            }
-            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::rows_scalar, scalar_multi::<Q4K>()),
-            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::rows_scalar, scalar_multi::<Q5K>()),
-            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::rows_scalar, scalar_multi::<Q6K>()),
-            _ => decoded_kernel(ty, isa)?,
-        }),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Ok(match ty {
-            GgmlType::F32 => Kernel::Float(float::avx2::rows::<F32>, float::avx2::range::<F32>),
-            GgmlType::F16 => Kernel::Float(float::avx2::rows::<F16>, float::avx2::range::<F16>),
-            GgmlType::BF16 => Kernel::Float(float::avx2::rows::<Bf16>, float::avx2::range::<Bf16>),
-            GgmlType::Q8_0 => Kernel::Quant(b32, block32::avx2::rows::<Q8_0>, avx2_multi::<Q8_0>()),
-            GgmlType::Q4_0 => Kernel::Quant(b32, block32::avx2::rows::<Q4_0>, avx2_multi::<Q4_0>()),
-            GgmlType::Q5_0 => Kernel::Quant(b32, block32::avx2::rows::<Q5_0>, avx2_multi::<Q5_0>()),
-            GgmlType::Q4_K => Kernel::Quant(b32, q4_k::avx2::rows, avx2_multi::<Q4K>()),
-            GgmlType::Q5_K => Kernel::Quant(b32, q5_k::avx2::rows, avx2_multi::<Q5K>()),
-            GgmlType::Q6_K => Kernel::Quant(b32, q6_k::avx2::rows, avx2_multi::<Q6K>()),
-            _ => decoded_kernel(ty, isa)?,
-        }),
-        // The multi-row kernels multiply with `vpdpbusd zmm`; the one-row
-        // kernels of the 32-value block types with `vpdpbusd ymm` (the
-        // Q8_0 head turns compute-bound above ~45 GB/s on two AVX2 cores);
-        // the K-quant one-row kernels stay AVX2.
-        // AMX: the tile unit runs the multi-row kernels of vertical
-        // matrices (`vertical_kernel`); everything else is this path's.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni | Isa::Amx => Ok(match kernel_for(ty, Isa::Avx2)? {
-            Kernel::Quant(format, rows, avx2) => Kernel::Quant(
-                format,
-                match ty {
-                    GgmlType::Q8_0 => block32::avx2::rows_vnni::<Q8_0>,
-                    GgmlType::Q4_0 => block32::avx2::rows_vnni::<Q4_0>,
-                    GgmlType::Q5_0 => block32::avx2::rows_vnni::<Q5_0>,
-                    _ => rows,
-                },
-                match ty {
-                    GgmlType::Q8_0 => vnni_multi::<Q8_0>(),
-                    GgmlType::Q4_0 => vnni_multi::<Q4_0>(),
-                    GgmlType::Q5_0 => vnni_multi::<Q5_0>(),
-                    GgmlType::Q4_K => vnni_multi::<Q4K>(),
-                    GgmlType::Q5_K => vnni_multi::<Q5K>(),
-                    GgmlType::Q6_K => vnni_multi::<Q6K>(),
-                    // The decoded types (`quant::decoded`) keep the AVX2
-                    // multi-row kernel: same results, not yet tuned for VNNI.
-                    _ => avx2,
-                },
-            ),
-            // Float weights: the AVX2 one-row kernel, the AVX-512 tile for
-            // many rows (same lanes, same bits).
-            Kernel::Float(rows, _) => Kernel::Float(
-                rows,
-                match ty {
-                    GgmlType::F32 => float::avx512::range::<F32>,
-                    GgmlType::F16 => float::avx512::range::<F16>,
-                    _ => float::avx512::range::<Bf16>,
-                },
-            ),
-        }),
-        #[allow(unreachable_patterns)]
-        _ => Err(KernelError::unsupported(format!("{ty} matmul on {isa}"))),
-    }
-}
-
-/// How a multi-row kernel wants its work cut.
-#[derive(Clone, Copy)]
-struct Grain {
-    /// Bytes of an activation row as the kernel reads it (chunks of
-    /// activation rows are about L2-sized in these).
-    act_row_bytes: usize,
-    /// Chunks of activation rows start at multiples of this.
-    act_rows: usize,
-    /// Blocks of weight rows start at multiples of this (the kernel's tile).
-    weight_rows: usize,
-}
-
-impl Grain {
-    /// The register-tile kernels': activation rows in pairs, weight rows
-    /// in tiles of [`MR`].
-    fn of_rows(act_row_bytes: usize) -> Grain {
-        Grain {
-            act_row_bytes,
-            act_rows: multi_row::NR,
-            weight_rows: MR,
-        }
-    }
+    (registry::of(ty).kernels)(isa)
+        .ok_or_else(|| KernelError::unsupported(format!("{ty} matmul on {isa}")))
 }
 
 /// Runs a multi-row matmul on the pool: `f(r0, r1, i0, i1)` computes weight

@@ -13,10 +13,14 @@
 //! are multiplied as unsigned `u = q + OFFSET` and `OFFSET * sum(a)` is taken
 //! off using the activation block sums, which is the same integer.
 
+#[cfg(target_arch = "x86_64")]
+use super::kernels::{avx2_multi, vnni_multi};
+use super::kernels::{scalar_multi, Kernel};
 use super::multi_row::{Decoded, Fold, MultiRow};
-use super::q8_act::ActRow;
+use super::q8_act::{ActFormat, ActRow};
 use super::{arr, f16_le};
 use crate::simd::tree8;
+use crate::simd::Isa;
 
 /// A 32-value block type with an f16 scale in bytes 0..2.
 pub(crate) trait Block32 {
@@ -44,6 +48,24 @@ pub(crate) trait Block32 {
     /// AVX2, FMA and F16C available; `p..p + BYTES` readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn values_avx2(p: *const u8) -> std::arch::x86_64::__m256i;
+}
+
+/// The kernels of a 32-value block type on `isa`: one-row kernels scalar,
+/// AVX2 (`maddubs`) and, on AVX-512 VNNI machines, with `vpdpbusd ymm` (the
+/// Q8_0 head turns compute-bound above ~45 GB/s on two AVX2 cores);
+/// multi-row kernels scalar, AVX2 and `vpdpbusd zmm`. The tile unit runs
+/// only vertical matrices (their entry's `vertical`).
+pub(crate) fn kernels<B: Block32>(isa: Isa) -> Option<Kernel> {
+    let b32 = ActFormat::Block32;
+    Some(match isa {
+        Isa::Scalar => Kernel::Quant(b32, rows_scalar::<B>, scalar_multi::<B>()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Kernel::Quant(b32, avx2::rows::<B>, avx2_multi::<B>()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni | Isa::Amx => Kernel::Quant(b32, avx2::rows_vnni::<B>, vnni_multi::<B>()),
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    })
 }
 
 /// Scalar reference: dot of one weight row (whole blocks of `B`) with one

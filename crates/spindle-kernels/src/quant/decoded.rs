@@ -11,10 +11,38 @@
 //! (decode) dots each decoded block directly ([`rows_avx2`]); more rows go
 //! through the multi-row kernel.
 
+use super::kernels::{scalar_multi, Kernel, QuantRowsFn};
 use super::multi_row::{fold_decoded_scalar, Decoded, Fold, MultiRow, WGroup};
-use super::q8_act::ActRow;
-use crate::simd::tree8;
+use super::q8_act::{ActFormat, ActRow};
+use crate::simd::{tree8, Isa};
 use std::marker::PhantomData;
+
+/// The kernels of a type computed through its decoded blocks on `isa`:
+/// one-row scalar, AVX2, or on AVX-512 VNNI machines with the 8-block
+/// fold's dots by `vpdpbusd`; multi-row scalar, or AVX2 on every x86 path
+/// (Q2's half sums have no VNNI form; same results, not yet tuned for
+/// VNNI).
+pub(crate) fn kernels<T: BlockDecode>(isa: Isa) -> Option<Kernel> {
+    let (one_row, multi) = match isa {
+        Isa::Scalar => (
+            rows_scalar::<T> as QuantRowsFn,
+            scalar_multi::<ByDecode<T>>(),
+        ),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => (
+            rows_avx2::<T> as QuantRowsFn,
+            super::kernels::avx2_multi::<ByDecode<T>>(),
+        ),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni | Isa::Amx => (
+            rows_avx512vnni::<T> as QuantRowsFn,
+            super::kernels::avx2_multi::<ByDecode<T>>(),
+        ),
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    };
+    Some(Kernel::Quant(ActFormat::Block32, one_row, multi))
+}
 
 /// A block type defined by how its blocks decode.
 pub(crate) trait BlockDecode {

@@ -6,35 +6,11 @@ use super::{dequantize, f16_le};
 use crate::error::KernelError;
 use spindle_formats::GgmlType;
 
-/// Byte offsets of a block's f16 scales (`d`, and `dmin` for the K types
-/// that have one); none for the float types, whose values are their own.
-fn scale_offsets(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
-        GgmlType::Q1_0 | GgmlType::Q2_0 => &[0],
-        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
-        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[0],
-        GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
-        // Q2_K: 16 scale bytes and 64 of codes, then d and dmin.
-        GgmlType::Q2_K => &[80, 82],
-        // Q3_K: 32 bytes of high bits, 64 of low bits, 12 of scales, then d.
-        GgmlType::Q3_K => &[108],
-        GgmlType::TQ1_0 => &[52],
-        GgmlType::TQ2_0 => &[64],
-        // Q6_K: 128 bytes of low bits, 64 of high bits, 16 scales, then d.
-        GgmlType::Q6_K => &[208],
-        // MXFP4's scale is a power of two, finite for every byte; IQ1_M's
-        // f16 is spread over four words (the full scan finds it).
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::MXFP4 | GgmlType::IQ1_M => &[],
-    }
-}
-
 /// The first block of `src` (whole blocks of `ty`) whose f16 scale is NaN
 /// or infinite, with that scale's value. A non-finite scale makes every
 /// value of its block non-finite, and any logit it touches NaN.
 pub fn first_bad_scale(ty: GgmlType, src: &[u8]) -> Option<(usize, f32)> {
-    let offsets = scale_offsets(ty);
+    let offsets = super::registry::of(ty).scale_offsets;
     if offsets.is_empty() {
         return None;
     }
@@ -85,7 +61,7 @@ mod tests {
     fn a_nan_or_infinite_scale_is_found_in_its_block() {
         for ty in GgmlType::ALL
             .into_iter()
-            .filter(|&t| !scale_offsets(t).is_empty())
+            .filter(|&t| !super::super::registry::of(t).scale_offsets.is_empty())
         {
             let bb = ty.block_bytes();
             // Zeros are valid blocks of every type (scale 0.0).
@@ -100,7 +76,7 @@ mod tests {
                 (half::f16::INFINITY.to_bits(), false),
             ] {
                 let mut d = data.clone();
-                let o = scale_offsets(ty)[0];
+                let o = super::super::registry::of(ty).scale_offsets[0];
                 d[3 * bb + o..3 * bb + o + 2].copy_from_slice(&bits.to_le_bytes());
                 let (block, value) = first_bad_scale(ty, &d).unwrap();
                 assert_eq!(block, 3, "{ty}");

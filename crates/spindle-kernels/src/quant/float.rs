@@ -7,8 +7,49 @@
 //! both paths agree bit for bit.
 
 use super::arr;
+use super::kernels::Kernel;
+use super::registry::QuantType;
 use crate::matmul::OutPtr;
-use crate::simd::tree32;
+use crate::simd::{tree32, Isa};
+use spindle_formats::GgmlType;
+
+/// The float types' entries in the kernels' registry: f32 activations, no
+/// block scales.
+const fn float_type(
+    ty: GgmlType,
+    dequantize: fn(&[u8], &mut [f32]),
+    kernels: fn(Isa) -> Option<Kernel>,
+) -> QuantType {
+    QuantType {
+        ty,
+        dequantize,
+        scale_offsets: &[],
+        act: None,
+        ggml_act: None,
+        kernels,
+        vertical: None,
+    }
+}
+
+pub(crate) const F32_TYPE: QuantType = float_type(GgmlType::F32, dequantize_f32, kernels::<F32>);
+pub(crate) const F16_TYPE: QuantType = float_type(GgmlType::F16, dequantize_f16, kernels::<F16>);
+pub(crate) const BF16_TYPE: QuantType =
+    float_type(GgmlType::BF16, dequantize_bf16, kernels::<Bf16>);
+
+/// The kernels of float weights of element `E` on `isa`: one-row scalar or
+/// AVX2 (which AVX-512 machines run too), multi-row scalar, AVX2 or the
+/// AVX-512 tile (same lanes, same bits).
+fn kernels<E: FloatElem>(isa: Isa) -> Option<Kernel> {
+    Some(match isa {
+        Isa::Scalar => Kernel::Float(rows_scalar::<E>, range_scalar::<E>),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Kernel::Float(avx2::rows::<E>, avx2::range::<E>),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni | Isa::Amx => Kernel::Float(avx2::rows::<E>, avx512::range::<E>),
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    })
+}
 
 /// Scalar reference: F32 bytes to f32 (bit-exact copy).
 pub(crate) fn dequantize_f32(src: &[u8], dst: &mut [f32]) {

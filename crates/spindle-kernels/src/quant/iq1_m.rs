@@ -10,11 +10,24 @@
 //! as `Q6` on `8 * (grid + delta)` with integer scales `2s + 1` and `d / 8`.
 
 use super::arr;
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::grid;
 use super::iq1_s::{eighths, DELTA};
 use super::iq_grids::IQ1S_GRID;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ1_M,
+    dequantize,
+    // Its f16 is spread over four words: the full scan (--check-weights) finds it.
+    &[],
+    true,
+    decoded::kernels::<Iq1M>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 56;

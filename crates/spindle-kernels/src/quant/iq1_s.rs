@@ -8,11 +8,23 @@
 //! `d * (2s + 1) * (grid + delta)`. Dots fold as `Block32` on the integers
 //! `8 * (grid + delta)` (odd, -9..=9) with scale `d * (2s + 1) / 8`.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::grid;
 use super::iq_grids::IQ1S_GRID;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ1_S,
+    dequantize,
+    &[0],
+    true,
+    decoded::kernels::<Iq1S>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 50;

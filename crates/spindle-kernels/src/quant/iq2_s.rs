@@ -6,8 +6,20 @@
 //! bytes, 8 bytes of index high bits (group `k`: bits `2(k % 4)..` of byte
 //! `k / 4`), 8 bytes of scales as in IQ2_XS. Value and dots as IQ2_XS.
 
+use super::decoded;
 use super::iq2_xs::{dequantize_layout, Iq2, Iq2Layout};
 use super::iq_grids::IQ2S_GRID;
+use super::registry::QuantType;
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ2_S,
+    dequantize,
+    &[0],
+    true,
+    decoded::kernels::<Iq2S>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 82;

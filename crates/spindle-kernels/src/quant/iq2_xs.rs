@@ -8,12 +8,24 @@
 //! s) * 0.25 * grid * sign`. Dots fold as `Q6` with the integer scales `2s
 //! + 1` and `d / 8`, the same products.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::grid;
 use super::iq_grids::{IQ2XS_GRID, KSIGNS};
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
 use std::marker::PhantomData;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ2_XS,
+    dequantize,
+    &[0],
+    true,
+    decoded::kernels::<Iq2Xs>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 74;

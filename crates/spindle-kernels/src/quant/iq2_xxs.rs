@@ -7,11 +7,23 @@
 //! top bits. Value: `d * (0.5 + ls) * 0.25 * grid * sign`. Dots fold as
 //! `Block32` with that scale.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::grid;
 use super::iq_grids::{IQ2XXS_GRID, KSIGNS};
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ2_XXS,
+    dequantize,
+    &[0],
+    true,
+    decoded::kernels::<Iq2Xxs>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 66;

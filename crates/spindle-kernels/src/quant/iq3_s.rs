@@ -7,11 +7,23 @@
 //! bytes, 4 bytes of 4-bit scales `s` (sub-block `t`: byte `t / 2`, nibble
 //! `t % 2`). Value: `d * (1 + 2s) * grid * sign`. Dots fold as `Block32`.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::grid;
 use super::iq_grids::IQ3S_GRID;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ3_S,
+    dequantize,
+    &[0],
+    true,
+    decoded::kernels::<Iq3S>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 110;

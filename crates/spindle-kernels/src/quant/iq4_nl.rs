@@ -4,10 +4,22 @@
 //! Layout (18 bytes): f16 `d`, 16 bytes of nibbles as in Q4_1. Dots fold as
 //! `Block32` on the codebook values (-127..=113, dotted with the sign trick).
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
 use super::q4_1::nibble;
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ4_NL,
+    dequantize,
+    &[0],
+    false,
+    decoded::kernels::<Iq4Nl>,
+);
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 18;

@@ -7,11 +7,23 @@
 //! sub-block as in IQ4_NL. Dots fold as `Block32` with scale `d * (ls -
 //! 32)`, exact in f32.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::iq4_nl::KVALUES;
 use super::multi_row::{Decoded, Fold};
 use super::q4_1::nibble;
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::IQ4_XS,
+    dequantize,
+    &[0],
+    true,
+    decoded::kernels::<Iq4Xs>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 136;

@@ -19,6 +19,7 @@ pub mod iq3_s;
 pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub(crate) mod kernels;
 pub mod mxfp4;
 pub mod q1_0;
 pub mod q2_0;
@@ -33,6 +34,7 @@ pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 pub mod q8_act;
+pub(crate) mod registry;
 pub mod tq1_0;
 pub mod tq2_0;
 pub mod vertical;
@@ -56,35 +58,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
             src.len(),
         ));
     }
-    match ty {
-        GgmlType::F32 => float::dequantize_f32(src, dst),
-        GgmlType::F16 => float::dequantize_f16(src, dst),
-        GgmlType::BF16 => float::dequantize_bf16(src, dst),
-        GgmlType::Q8_0 => q8_0::dequantize(src, dst),
-        GgmlType::Q4_0 => q4_0::dequantize(src, dst),
-        GgmlType::Q5_0 => q5_0::dequantize(src, dst),
-        GgmlType::Q4_K => q4_k::dequantize(src, dst),
-        GgmlType::Q5_K => q5_k::dequantize(src, dst),
-        GgmlType::Q6_K => q6_k::dequantize(src, dst),
-        GgmlType::Q4_1 => q4_1::dequantize(src, dst),
-        GgmlType::Q5_1 => q5_1::dequantize(src, dst),
-        GgmlType::IQ4_NL => iq4_nl::dequantize(src, dst),
-        GgmlType::MXFP4 => mxfp4::dequantize(src, dst),
-        GgmlType::Q2_K => q2_k::dequantize(src, dst),
-        GgmlType::Q3_K => q3_k::dequantize(src, dst),
-        GgmlType::IQ4_XS => iq4_xs::dequantize(src, dst),
-        GgmlType::TQ1_0 => tq1_0::dequantize(src, dst),
-        GgmlType::TQ2_0 => tq2_0::dequantize(src, dst),
-        GgmlType::IQ2_XXS => iq2_xxs::dequantize(src, dst),
-        GgmlType::IQ2_XS => iq2_xs::dequantize(src, dst),
-        GgmlType::IQ2_S => iq2_s::dequantize(src, dst),
-        GgmlType::IQ3_XXS => iq3_xxs::dequantize(src, dst),
-        GgmlType::IQ3_S => iq3_s::dequantize(src, dst),
-        GgmlType::IQ1_S => iq1_s::dequantize(src, dst),
-        GgmlType::IQ1_M => iq1_m::dequantize(src, dst),
-        GgmlType::Q1_0 => q1_0::dequantize(src, dst),
-        GgmlType::Q2_0 => q2_0::dequantize(src, dst),
-    }
+    (registry::of(ty).dequantize)(src, dst);
     Ok(())
 }
 

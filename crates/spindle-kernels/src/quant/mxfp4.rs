@@ -6,9 +6,22 @@
 //! integers -12..=12) and the scale halved: `2^(e - 128)`, so every value is
 //! an exact integer times a power of two. Dots fold as `Block32`.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
 use super::q4_1::nibble;
+use super::registry::QuantType;
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::MXFP4,
+    dequantize,
+    // Its scale is a power of two, finite for every byte.
+    &[],
+    false,
+    decoded::kernels::<Mxfp4>,
+);
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 17;

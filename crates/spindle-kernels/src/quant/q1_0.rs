@@ -4,9 +4,21 @@
 //! when bit `n % 8` of byte `n / 8` is set, else `-d`. Dots fold as
 //! `Block32` with scale `d` for each 32-value block, values `±1`.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::Q1_0,
+    dequantize,
+    &[0],
+    false,
+    decoded::kernels::<Q1_0>,
+);
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 18;

@@ -5,9 +5,21 @@
 //! `2(n % 4)..2(n % 4) + 2` of byte `n / 4`. Dots fold as `Block32` with
 //! scale `d` for each 32-value block.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::Q2_0,
+    dequantize,
+    &[0],
+    false,
+    decoded::kernels::<Q2_0>,
+);
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 18;

@@ -10,9 +10,22 @@
 //! `2t + 1`; its exact integer dot carries their scales, its min term their
 //! mins times the half-block activation sums.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::Q2_K,
+    dequantize,
+    // d and dmin after 16 scale bytes and 64 of codes.
+    &[80, 82],
+    true,
+    decoded::kernels::<Q2K>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 84;

@@ -10,9 +10,22 @@
 //! Dots fold as [`Fold::Q6`]: the exact integer dot carries the two
 //! sub-block scales of a 32-value block, scaled by `d`.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::Q3_K,
+    dequantize,
+    // d after 32 bytes of high bits, 64 of low bits, 12 of scales.
+    &[108],
+    true,
+    decoded::kernels::<Q3K>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 110;

@@ -2,8 +2,24 @@
 //! Byte `j` holds value `j` in its low nibble and value `j + 16` in its high
 //! nibble; a nibble `n` stands for `d * (n - 8)`.
 
+use super::block32;
 use super::block32::Block32;
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType {
+    #[cfg(target_arch = "x86_64")]
+    vertical: Some(super::kernels::vertical::<Q4_0>),
+    ..QuantType::quantized(
+        GgmlType::Q4_0,
+        dequantize,
+        &[0],
+        false,
+        block32::kernels::<Q4_0>,
+    )
+};
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 18;

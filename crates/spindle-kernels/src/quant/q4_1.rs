@@ -4,9 +4,21 @@
 //! the low nibble of byte `l` for `l < 16`, the high nibble of byte `l - 16`
 //! after). Dots fold as `KMin` with min `-m`: `fma(d, isum, m * sum(a))`.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::Q4_1,
+    dequantize,
+    &[0, 2],
+    false,
+    decoded::kernels::<Q4_1>,
+);
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 20;

@@ -3,8 +3,24 @@
 //! value `j` (low nibble) and of value `j + 16` (high nibble); bit `i` of `qh`
 //! is bit 4 of value `i`. A 5-bit value `u` stands for `d * (u - 16)`.
 
+use super::block32;
 use super::block32::Block32;
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType {
+    #[cfg(target_arch = "x86_64")]
+    vertical: Some(super::kernels::vertical::<Q5_0>),
+    ..QuantType::quantized(
+        GgmlType::Q5_0,
+        dequantize,
+        &[0],
+        false,
+        block32::kernels::<Q5_0>,
+    )
+};
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 22;

@@ -5,9 +5,21 @@
 //! as `KMin` with min `-m`.
 
 use super::arr;
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
 use super::q4_1::{dequantize_min, min_terms, nibble};
+use super::registry::QuantType;
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::Q5_1,
+    dequantize,
+    &[0, 2],
+    false,
+    decoded::kernels::<Q5_1>,
+);
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 24;

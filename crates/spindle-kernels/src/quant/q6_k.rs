@@ -18,10 +18,40 @@
 //! `scale[2t] * dot_lo + scale[2t+1] * dot_hi` folds into lane `b % 8` with
 //! [`fold_scaled`].
 
+#[cfg(target_arch = "x86_64")]
+use super::kernels::{avx2_multi, vnni_multi};
+use super::kernels::{scalar_multi, Kernel};
 use super::multi_row::{Decoded, Fold, MultiRow};
+use super::q8_act::ActFormat;
 use super::q8_act::ActRow;
+use super::registry::QuantType;
 use super::{arr, f16_le, fold_scaled};
 use crate::simd::tree8;
+use crate::simd::Isa;
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType {
+    #[cfg(target_arch = "x86_64")]
+    vertical: Some(super::kernels::vertical::<Q6K>),
+    // d after 128 bytes of low bits, 64 of high bits and 16 scales.
+    ..QuantType::quantized(GgmlType::Q6_K, dequantize, &[208], true, kernels)
+};
+
+/// The kernels on `isa`: one-row scalar and AVX2 (which AVX-512 machines
+/// run too), multi-row scalar, AVX2 and `vpdpbusd zmm`.
+pub(crate) fn kernels(isa: Isa) -> Option<Kernel> {
+    let b32 = ActFormat::Block32;
+    Some(match isa {
+        Isa::Scalar => Kernel::Quant(b32, rows_scalar, scalar_multi::<Q6K>()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Kernel::Quant(b32, avx2::rows, avx2_multi::<Q6K>()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni | Isa::Amx => Kernel::Quant(b32, avx2::rows, vnni_multi::<Q6K>()),
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    })
+}
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 210;

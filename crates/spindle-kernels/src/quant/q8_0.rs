@@ -1,8 +1,38 @@
 //! Q8_0: blocks of 32 values; an f16 scale `d` then 32 signed bytes `q`.
 //! Value `i` is `d * q[i]`.
 
+use super::block32;
 use super::block32::Block32;
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType {
+    #[cfg(target_arch = "x86_64")]
+    vertical: Some(vertical_kernels),
+    ..QuantType::quantized(
+        GgmlType::Q8_0,
+        dequantize,
+        &[0],
+        false,
+        block32::kernels::<Q8_0>,
+    )
+};
+
+/// The vertical kernels, but for many rows on the VNNI path the kernel
+/// that reads Q8_0's vertical groups in place (they are already the step
+/// vectors; no packing per call).
+#[cfg(target_arch = "x86_64")]
+fn vertical_kernels(
+    isa: crate::simd::Isa,
+) -> Option<(super::kernels::QuantMulti, super::kernels::QuantMulti)> {
+    let (one, mut many) = super::kernels::vertical::<Q8_0>(isa)?;
+    if isa != crate::simd::Isa::Amx {
+        many.range = super::multi_row::range_vnni_q8_0_in_place;
+    }
+    Some((one, many))
+}
 
 /// Bytes per block.
 pub const BLOCK_BYTES: usize = 34;

@@ -57,10 +57,7 @@ impl ActFormat {
     /// The activation format quantized weights of type `ty` are multiplied
     /// with, or `None` for float weights (which use f32 activations).
     pub fn for_weights(ty: GgmlType) -> Option<ActFormat> {
-        match ty {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
-            _ => Some(ActFormat::Block32),
-        }
+        super::registry::of(ty).act
     }
 }
 
@@ -82,36 +79,12 @@ impl ActRounding {
     /// The activation format weights of type `ty` are multiplied with under
     /// this rounding, or `None` for float weights.
     pub fn format_for(self, ty: GgmlType) -> Option<ActFormat> {
-        let default = ActFormat::for_weights(ty)?;
-        Some(match self {
-            ActRounding::Block32 => default,
-            ActRounding::Ggml if ggml_uses_q8_k(ty) => ActFormat::Super256,
-            ActRounding::Ggml => ActFormat::Block32F16,
-        })
+        let entry = super::registry::of(ty);
+        match self {
+            ActRounding::Block32 => entry.act,
+            ActRounding::Ggml => entry.ggml_act,
+        }
     }
-}
-
-/// Whether ggml's CPU backend multiplies weights of type `ty` with Q8_K
-/// activations (its `vec_dot_type`).
-fn ggml_uses_q8_k(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        Q2_K | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | IQ2_XXS
-            | IQ2_XS
-            | IQ2_S
-            | IQ3_XXS
-            | IQ3_S
-            | IQ1_S
-            | IQ1_M
-            | IQ4_XS
-            | TQ1_0
-            | TQ2_0
-    )
 }
 
 impl std::str::FromStr for ActRounding {

@@ -8,7 +8,19 @@
 //! 240..256 trit `m / 4` of `qh[m % 4]` (`m = n - 240`). Dots fold as
 //! `Block32` with scale `d`.
 
+use super::decoded;
+use super::registry::QuantType;
 use super::tq2_0::{dequantize_ternary, Ternary, Tq};
+use spindle_formats::GgmlType;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::TQ1_0,
+    dequantize,
+    &[52],
+    true,
+    decoded::kernels::<Tq1_0>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 54;

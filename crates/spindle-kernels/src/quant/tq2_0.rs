@@ -5,10 +5,22 @@
 //! bits `2k..2k+2` of byte `32c + i` minus 1, for `n = 128c + 32k + i`.
 //! Dots fold as `Block32` with scale `d` for each 32-value block.
 
+use super::decoded;
 use super::decoded::BlockDecode;
 use super::multi_row::{Decoded, Fold};
+use super::registry::QuantType;
 use super::{arr, f16_le};
+use spindle_formats::GgmlType;
 use std::marker::PhantomData;
+
+/// This type's entry in the kernels' registry.
+pub(crate) const TYPE: QuantType = QuantType::quantized(
+    GgmlType::TQ2_0,
+    dequantize,
+    &[64],
+    true,
+    decoded::kernels::<Tq2_0>,
+);
 
 /// Bytes per super-block.
 pub const BLOCK_BYTES: usize = 66;
