@@ -68,9 +68,7 @@ fn embeddings_and_rerank_through_the_openai_client() {
         required("all-MiniLM-L6-v2 is missing (spindle pull all-minilm-l6-v2)");
         return;
     }
-    let pydeps = std::env::var_os("SPINDLE_PYDEPS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pydeps"));
+    let pydeps = common::pydeps();
     let has_client = Command::new("python3")
         .args(["-c", "import openai"])
         .env("PYTHONPATH", &pydeps)

@@ -11,7 +11,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 /// A server process, killed when dropped.
@@ -49,17 +49,11 @@ fn start(model: &Path, extra: &[&str]) -> Server {
     Server { child, url }
 }
 
-fn pydeps() -> PathBuf {
-    std::env::var_os("SPINDLE_PYDEPS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pydeps"))
-}
-
 /// Whether python3 can import the client (from `pydeps` or its own paths).
 fn client_available() -> bool {
     let ok = Command::new("python3")
         .args(["-c", "import openai, jsonschema"])
-        .env("PYTHONPATH", pydeps())
+        .env("PYTHONPATH", common::pydeps())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -206,7 +200,7 @@ fn openai_client_against_a_live_server() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai/check_server.py");
     let status = Command::new("python3")
         .arg(&script)
-        .env("PYTHONPATH", pydeps())
+        .env("PYTHONPATH", common::pydeps())
         .env("SPINDLE_URL", &server.url)
         .env("SPINDLE_KEY", key)
         .env("SPINDLE_SMALL_URL", &small.url)

@@ -16,7 +16,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 struct Server(Child);
@@ -59,19 +59,13 @@ fn get(addr: &str, path: &str) -> (String, String) {
     (status, body.to_string())
 }
 
-fn pydeps() -> PathBuf {
-    std::env::var_os("SPINDLE_PYDEPS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pydeps"))
-}
-
 /// The browser, its driver and Selenium, or a note (a failure in CI).
 fn browser_available() -> bool {
     let chromium = Path::new("/usr/bin/chromium").exists();
     let driver = Path::new("/usr/bin/chromedriver").exists();
     let selenium = Command::new("python3")
         .args(["-c", "import selenium"])
-        .env("PYTHONPATH", pydeps())
+        .env("PYTHONPATH", common::pydeps())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -106,7 +100,7 @@ fn the_pages_work_in_a_real_browser() {
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/webui-screenshots");
     let out = Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/webui/check_webui.py"))
-        .env("PYTHONPATH", pydeps())
+        .env("PYTHONPATH", common::pydeps())
         .env("SPINDLE_ROOT", format!("http://{addr}"))
         .env("SPINDLE_KEY", key)
         .env("SPINDLE_MODEL", "gemma-3-270m-q4_k_m")

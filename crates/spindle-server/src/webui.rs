@@ -22,59 +22,30 @@ struct Asset {
     body: &'static str,
 }
 
+/// A file of `crates/spindle-server/webui/` compiled in, with its type.
+macro_rules! asset {
+    ($name:literal, $mime:literal) => {
+        Asset {
+            name: $name,
+            mime: $mime,
+            body: include_str!(concat!("../webui/", $name)),
+        }
+    };
+}
+
 /// Every file the pages use, by the name they are asked for under
 /// `/webui/`.
 const ASSETS: &[Asset] = &[
-    Asset {
-        name: "index.html",
-        mime: "text/html; charset=utf-8",
-        body: include_str!("../webui/index.html"),
-    },
-    Asset {
-        name: "dashboard.html",
-        mime: "text/html; charset=utf-8",
-        body: include_str!("../webui/dashboard.html"),
-    },
-    Asset {
-        name: "style.css",
-        mime: "text/css; charset=utf-8",
-        body: include_str!("../webui/style.css"),
-    },
-    Asset {
-        name: "api.js",
-        mime: "text/javascript; charset=utf-8",
-        body: include_str!("../webui/api.js"),
-    },
-    Asset {
-        name: "markdown.js",
-        mime: "text/javascript; charset=utf-8",
-        body: include_str!("../webui/markdown.js"),
-    },
-    Asset {
-        name: "chat.js",
-        mime: "text/javascript; charset=utf-8",
-        body: include_str!("../webui/chat.js"),
-    },
-    Asset {
-        name: "decide.js",
-        mime: "text/javascript; charset=utf-8",
-        body: include_str!("../webui/decide.js"),
-    },
-    Asset {
-        name: "dashboard.js",
-        mime: "text/javascript; charset=utf-8",
-        body: include_str!("../webui/dashboard.js"),
-    },
-    Asset {
-        name: "charts.js",
-        mime: "text/javascript; charset=utf-8",
-        body: include_str!("../webui/charts.js"),
-    },
-    Asset {
-        name: "favicon.svg",
-        mime: "image/svg+xml",
-        body: include_str!("../webui/favicon.svg"),
-    },
+    asset!("index.html", "text/html; charset=utf-8"),
+    asset!("dashboard.html", "text/html; charset=utf-8"),
+    asset!("style.css", "text/css; charset=utf-8"),
+    asset!("api.js", "text/javascript; charset=utf-8"),
+    asset!("markdown.js", "text/javascript; charset=utf-8"),
+    asset!("chat.js", "text/javascript; charset=utf-8"),
+    asset!("decide.js", "text/javascript; charset=utf-8"),
+    asset!("dashboard.js", "text/javascript; charset=utf-8"),
+    asset!("charts.js", "text/javascript; charset=utf-8"),
+    asset!("favicon.svg", "image/svg+xml"),
 ];
 
 /// What the pages may load and call: this origin only, no inline script

@@ -73,30 +73,25 @@ function renderList() {
     const li = document.createElement("li");
     li.className = "conversation" + (c.id === store.current ? " active" : "");
     li.dataset.id = c.id;
-    const open = document.createElement("button");
-    open.type = "button";
-    open.className = "open";
-    open.textContent = c.title;
-    open.title = c.title;
+    const open = button("open", c.title, c.title, c.title, () => select(c.id));
     if (c.id === store.current) open.setAttribute("aria-current", "true");
-    open.addEventListener("click", () => select(c.id));
-    const rename = document.createElement("button");
-    rename.type = "button";
-    rename.className = "icon-button small rename";
-    rename.textContent = "✎";
-    rename.title = "Rename";
-    rename.setAttribute("aria-label", "Rename " + c.title);
-    rename.addEventListener("click", () => startRename(li, c));
-    const del = document.createElement("button");
-    del.type = "button";
-    del.className = "icon-button small delete";
-    del.textContent = "✕";
-    del.title = "Delete";
-    del.setAttribute("aria-label", "Delete " + c.title);
-    del.addEventListener("click", () => askDelete(del, c));
+    const rename = button("icon-button small rename", "✎", "Rename", "Rename " + c.title, () => startRename(li, c));
+    const del = button("icon-button small delete", "✕", "Delete", "Delete " + c.title, () => askDelete(del, c));
     li.append(open, rename, del);
     ul.appendChild(li);
   }
+}
+
+// A button of the conversation list.
+function button(className, text, title, label, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = className;
+  b.textContent = text;
+  b.title = title;
+  b.setAttribute("aria-label", label);
+  b.addEventListener("click", onClick);
+  return b;
 }
 
 function startRename(li, c) {

@@ -1,7 +1,7 @@
 //! Shared by the CLI tests on the real default model (included with `mod`).
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 
 /// The real default model, or `None` (with a note) when it has not been
@@ -40,4 +40,13 @@ pub fn serve_addr(child: &mut Child) -> String {
         .to_string();
     assert!(!addr.is_empty(), "the server did not start");
     addr
+}
+
+/// Where the Python packages the tests use live: `SPINDLE_PYDEPS`, or
+/// `target/pydeps` (`.ci/run` installs them there).
+#[allow(dead_code)]
+pub fn pydeps() -> PathBuf {
+    std::env::var_os("SPINDLE_PYDEPS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pydeps"))
 }
