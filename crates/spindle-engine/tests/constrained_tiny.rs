@@ -170,3 +170,27 @@ fn constrained_speculation_and_batches_equal_plain_constrained_decoding() {
         }
     }
 }
+
+/// A model's output rows may run past its tokenizer's vocabulary (padding
+/// rows: gpt-oss has 201,088 rows for 200,019 tokens). Asking the grammar
+/// about such an id, as the greedy step does before it computes a mask,
+/// must say no and leave the grammar as it was: the matcher takes an
+/// unknown id as an error and stops, which ended replies at that token.
+#[test]
+fn ids_past_the_vocabulary_are_refused_without_ending_the_grammar() {
+    let tok = byte_tokenizer();
+    let compiler = GrammarCompiler::new(&tok).unwrap();
+    let mut c = compiler
+        .compile(&Grammar::Lark("start: \"ab\"".into()))
+        .unwrap();
+    let stops = tok.stop_ids();
+    c.consume(u32::from(b'a'));
+    for past in [256, 300, 1 << 20] {
+        assert!(!c.allows(past, &stops), "{past}");
+    }
+    assert!(c.allows(u32::from(b'b'), &stops));
+    let mut logits = vec![0.0f32; 300];
+    assert!(c.mask_logits(&mut logits, &stops), "the grammar ended");
+    let allowed: Vec<usize> = (0..300).filter(|&i| logits[i].is_finite()).collect();
+    assert_eq!(allowed, [usize::from(b'b')]);
+}

@@ -132,6 +132,8 @@ pub struct GrammarCompiler {
     /// Tokens that end a JSON value (a closing quote, a comma, a bracket):
     /// candidates for [`Constraint::closers`].
     closers: Arc<Vec<u32>>,
+    /// The tokenizer's vocabulary size.
+    vocab: usize,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -166,6 +168,7 @@ impl GrammarCompiler {
         Ok(GrammarCompiler {
             factory: Arc::new(factory),
             closers: Arc::new(closers),
+            vocab: tokenizer.vocab_size(),
         })
     }
 
@@ -185,6 +188,7 @@ impl GrammarCompiler {
         }
         Ok(Constraint {
             matcher,
+            vocab: self.vocab,
             closers: self.closers.clone(),
             prepared: Vec::new(),
             since_prepared: Vec::new(),
@@ -196,6 +200,10 @@ impl GrammarCompiler {
 /// One sequence's position in its grammar.
 pub struct Constraint {
     matcher: Matcher,
+    /// Tokens of the tokenizer the grammar reads; a model's output rows
+    /// may run past them (padding), and the matcher takes such an id as an
+    /// error that ends it.
+    vocab: usize,
     closers: Arc<Vec<u32>>,
     /// Masks computed ahead ([`Constraint::prepare`]), each for the state
     /// after the tokens of its path are consumed.
@@ -231,6 +239,7 @@ impl Clone for Constraint {
     fn clone(&self) -> Constraint {
         Constraint {
             matcher: self.matcher.deep_clone(),
+            vocab: self.vocab,
             closers: self.closers.clone(),
             prepared: self.prepared.clone(),
             since_prepared: self.since_prepared.clone(),
@@ -405,7 +414,7 @@ impl Constraint {
     /// Whether the grammar allows `token` next (a stop token where the
     /// output may end), without computing the mask: one token's check.
     pub fn allows(&mut self, token: u32, stop_ids: &[u32]) -> bool {
-        if self.matcher.is_stopped() {
+        if self.matcher.is_stopped() || token as usize >= self.vocab {
             return false;
         }
         if stop_ids.contains(&token) && self.matcher.is_accepting().unwrap_or(false) {
