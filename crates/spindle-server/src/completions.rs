@@ -96,6 +96,25 @@ pub(crate) async fn chat_completions(
         let names = t.callable().iter().map(|f| f.name.clone()).collect();
         ReplyWatch::new(state.tool_format.clone(), names, required)
     });
+    job.reasoning = match req.sampling.reasoning_format.as_deref() {
+        None | Some("auto" | "deepseek") => state.reasoning.as_ref(),
+        Some("none") => None,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "reasoning_format",
+                format!("reasoning_format must be auto or none, got '{other}'"),
+            ))
+        }
+    }
+    .map(|r| {
+        let constrained = job.params.constraint.is_some();
+        r.split(
+            &state.tokenizer,
+            &job.prompt,
+            job.watch.is_some(),
+            constrained,
+        )
+    });
     respond(state, job, &req.sampling, Kind::Chat, None, access).await
 }
 

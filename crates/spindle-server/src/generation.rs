@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::access::Access;
 use crate::error::ApiError;
 use crate::openai::{ResponseFormat, SamplingFields};
+use crate::reasoning::ReasoningSplit;
 use crate::text::TextStream;
 use crate::tools::{ParsedCall, ReplyWatch};
 use crate::AppState;
@@ -36,6 +37,8 @@ pub struct Job {
     pub tenant: String,
     /// Reads tool calls out of each choice (chat requests that offer tools).
     pub watch: Option<ReplyWatch>,
+    /// Reads a reasoning model's thinking out of each choice (chat).
+    pub reasoning: Option<ReasoningSplit>,
     /// The request's access-log entry, which each choice adds its tokens to.
     pub access: Option<Access>,
 }
@@ -76,6 +79,11 @@ pub enum Piece {
         index: usize,
         text: String,
         tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    },
+    /// Thinking, apart from the answer (`reasoning_content`).
+    Reasoning {
+        index: usize,
+        text: String,
     },
     /// The calls a choice made (just before its `Done`).
     ToolCalls {
@@ -240,6 +248,7 @@ pub fn build_job(
         n: n as usize,
         tenant: f.user.clone().unwrap_or(tenant),
         watch: None,
+        reasoning: None,
         access: None,
     })
 }
@@ -397,6 +406,7 @@ pub fn start(state: &Arc<AppState>, job: Job) -> Result<mpsc::Receiver<Piece>, A
         let out = ChoiceOut {
             index,
             text,
+            reasoning: job.reasoning.clone(),
             watch: job.watch.clone(),
             tx: tx.clone(),
             access: job.access.clone(),
@@ -411,6 +421,7 @@ pub fn start(state: &Arc<AppState>, job: Job) -> Result<mpsc::Receiver<Piece>, A
 struct ChoiceOut {
     index: usize,
     text: TextStream,
+    reasoning: Option<ReasoningSplit>,
     watch: Option<ReplyWatch>,
     tx: mpsc::Sender<Piece>,
     access: Option<Access>,
@@ -420,6 +431,38 @@ impl ChoiceOut {
     /// Sends the text of one token (`id`; `None` for the held-back rest);
     /// `false` when nobody listens any more.
     async fn send_text(
+        &mut self,
+        id: Option<u32>,
+        text: String,
+        tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    ) -> bool {
+        let (id, text) = match &mut self.reasoning {
+            Some(r) => {
+                let split = r.push(id, &text);
+                if !self.send_reasoning(split.reasoning).await {
+                    return false;
+                }
+                (split.content_id, split.content)
+            }
+            None => (id, text),
+        };
+        self.send_content(id, text, tokens).await
+    }
+
+    async fn send_reasoning(&mut self, text: String) -> bool {
+        if text.is_empty() {
+            return true;
+        }
+        let piece = Piece::Reasoning {
+            index: self.index,
+            text,
+        };
+        self.tx.send(piece).await.is_ok()
+    }
+
+    /// Sends answer text (after the reasoning split) through the tool-call
+    /// reader.
+    async fn send_content(
         &mut self,
         id: Option<u32>,
         text: String,
@@ -451,10 +494,18 @@ impl ChoiceOut {
         if !self.send_text(None, rest, Vec::new()).await {
             return;
         }
+        if let Some(mut r) = self.reasoning.take() {
+            let split = r.finish();
+            if !self.send_reasoning(split.reasoning).await
+                || !self.send_content(None, split.content, Vec::new()).await
+            {
+                return;
+            }
+        }
         let mut finish_reason = finish_reason;
         if let Some(mut w) = self.watch.take() {
             let end = w.finish(finish_reason == "length");
-            if !end.text.is_empty() && !self.send_text(None, end.text, Vec::new()).await {
+            if !end.text.is_empty() && !self.send_content(None, end.text, Vec::new()).await {
                 return;
             }
             let calls = end.calls;
@@ -587,6 +638,8 @@ async fn relay(
 #[derive(Debug, Default)]
 pub struct Choice {
     pub text: String,
+    /// Thinking, apart from `text` (`reasoning_content`).
+    pub reasoning: String,
     pub tokens: Vec<(u32, Option<TokenLogprobs>)>,
     pub tool_calls: Vec<ParsedCall>,
     pub finish_reason: &'static str,
@@ -608,6 +661,7 @@ pub async fn collect(mut rx: mpsc::Receiver<Piece>, n: usize) -> Result<Vec<Choi
                 choices[index].text.push_str(&text);
                 choices[index].tokens.extend(tokens);
             }
+            Some(Piece::Reasoning { index, text }) => choices[index].reasoning.push_str(&text),
             Some(Piece::ToolCalls { index, calls }) => choices[index].tool_calls = calls,
             Some(Piece::Done {
                 index,

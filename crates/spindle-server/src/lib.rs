@@ -21,6 +21,7 @@ mod models;
 pub mod openai;
 mod prompts;
 mod props;
+pub mod reasoning;
 mod replies;
 mod routes;
 mod stream;
@@ -88,6 +89,10 @@ pub struct AppState {
     /// Whether `/` and `/dashboard` serve the web pages (`--no-webui`
     /// turns them off).
     pub webui: bool,
+    /// How the model writes its thinking, read out of chat replies as
+    /// `reasoning_content`; `None` leaves replies whole
+    /// (`--reasoning-format none`, or a model that does not reason apart).
+    pub reasoning: Option<reasoning::ReasoningFormat>,
 }
 
 impl AppState {
@@ -106,6 +111,7 @@ impl AppState {
             }
         };
         let tool_format = tools::ToolFormat::of(&template, &tokenizer);
+        let reasoning = reasoning::ReasoningFormat::of(&tokenizer);
         let longest_token = (0..tokenizer.vocab_size() as u32)
             .filter_map(|id| tokenizer.token_bytes(id).map(<[u8]>::len))
             .max()
@@ -133,6 +139,7 @@ impl AppState {
             embedder: None,
             decisions: decide::DecisionCounts::default(),
             webui: true,
+            reasoning,
         }
     }
 }

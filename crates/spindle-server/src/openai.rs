@@ -36,6 +36,10 @@ pub struct SamplingFields {
     /// Spindle's extension: `false` runs this request without drafts
     /// (the same tokens; for comparing, or where drafts do not pay).
     pub speculation: Option<bool>,
+    /// `none` leaves a reasoning model's thinking in `content`; `auto`
+    /// (the server's default, `--reasoning-format`) gives it apart as
+    /// `reasoning_content` (llama.cpp's request field of the same name).
+    pub reasoning_format: Option<String>,
     /// Functions the model may call (chat only), `tool_choice` (`none`,
     /// `auto`, `required`, or `{"type": "function", "function": {"name"}}`)
     /// and whether one reply may hold several calls. Checked by hand in
@@ -136,6 +140,10 @@ pub struct ChatMessageIn {
     /// A `tool` turn: the function's name.
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant turn's thinking, as replies gave it (`reasoning` is
+    /// vLLM's name for it); templates that show past thinking render it.
+    #[serde(default, alias = "reasoning")]
+    pub reasoning_content: Option<String>,
 }
 
 /// One call in an assistant turn of the conversation.

@@ -78,7 +78,10 @@ pub(crate) fn chat_prompt(
     refuse_unfitting(state, "messages", rendered.len())?;
     // What users and tools wrote stays text: special-token text in a
     // message never becomes a control token.
-    let texts: Vec<&str> = msgs.iter().map(|m| m.content.as_str()).collect();
+    let texts: Vec<&str> = msgs
+        .iter()
+        .flat_map(|m| std::iter::once(m.content.as_str()).chain(m.reasoning_content.as_deref()))
+        .collect();
     state
         .tokenizer
         .encode_chat_prompt_guarded(&rendered, &texts)

@@ -89,7 +89,8 @@ pub struct SpecProps {
 /// `model` (`name` clients send, `path`, `architecture`), `context_length`,
 /// `max_seqs`, `kv` (`type`, `block_tokens`, `blocks`, `tokens`, `bytes`,
 /// `shared`, `groups`), `speculation` (`mode`, `budget`), `threads`,
-/// `tool_format`, `memory_bounds` (bytes: the bound of each part that grows
+/// `tool_format`, `reasoning_format` (`think-tags`, `harmony`, or null
+/// when replies are left whole), `memory_bounds` (bytes: the bound of each part that grows
 /// with the traffic served, and `kv_pool`, allocated up front) and `build`
 /// (`version`, `isa`). Needs the API key when
 /// one is set (it names the model's path).
@@ -133,6 +134,7 @@ pub(crate) async fn props(State(state): State<Shared>) -> Json<Value> {
         "speculation": speculation,
         "threads": p.threads,
         "tool_format": state.tool_format.name(),
+        "reasoning_format": state.reasoning.as_ref().map(|r| r.name()),
         "memory_bounds": bounds,
         "build": {
             "version": env!("CARGO_PKG_VERSION"),

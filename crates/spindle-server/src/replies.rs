@@ -59,6 +59,9 @@ pub(crate) fn choice_json(
     match kind {
         Kind::Chat => {
             let mut message = json!({"role": "assistant", "content": c.text});
+            if !c.reasoning.is_empty() {
+                message["reasoning_content"] = json!(c.reasoning);
+            }
             if !c.tool_calls.is_empty() {
                 if c.text.is_empty() {
                     message["content"] = Value::Null;

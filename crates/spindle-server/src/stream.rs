@@ -99,6 +99,14 @@ impl Streamer {
                     offsets[index] += text.len();
                     self.chunk(choice)
                 }
+                Piece::Reasoning { index, text } => {
+                    let first = !std::mem::replace(&mut started[index], true);
+                    let mut delta = json!({ "reasoning_content": text });
+                    if first {
+                        delta["role"] = json!("assistant");
+                    }
+                    self.chunk(json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null}))
+                }
                 Piece::ToolCalls { index, calls } => {
                     // Each call as two deltas: its id and name, then its
                     // arguments (the calls are complete when they arrive).

@@ -393,6 +393,7 @@ fn msg(role: &str, content: Option<&str>) -> ChatMessageIn {
         tool_calls: None,
         tool_call_id: None,
         name: None,
+        reasoning_content: None,
     }
 }
 

@@ -185,6 +185,19 @@ function messageNode(m) {
 function fillBody(body, m) {
   if (m.role === "user") {
     body.textContent = m.content;
+  } else if (m.reasoning) {
+    // A reasoning model's thinking (`reasoning_content`), folded away
+    // unless opened; the answer below it.
+    const thinking = document.createElement("details");
+    thinking.className = "thinking";
+    thinking.open = !!m.thinkingOpen;
+    thinking.addEventListener("toggle", () => { m.thinkingOpen = thinking.open; });
+    const summary = document.createElement("summary");
+    summary.textContent = "Thinking";
+    const text = document.createElement("div");
+    text.textContent = m.reasoning;
+    thinking.append(summary, text);
+    body.replaceChildren(thinking, renderMarkdown(m.content));
   } else {
     body.replaceChildren(renderMarkdown(m.content));
   }
@@ -352,6 +365,11 @@ async function send() {
       body,
       (chunk) => {
         for (const choice of chunk.choices || []) {
+          const thought = choice.delta && choice.delta.reasoning_content;
+          if (thought) {
+            if (first === null) first = performance.now();
+            reply.reasoning = (reply.reasoning || "") + thought;
+          }
           const piece = choice.delta ? choice.delta.content : choice.text;
           if (piece) {
             if (first === null) first = performance.now();

@@ -104,6 +104,12 @@ pub struct ServeArgs {
     /// inside the binary that call only this server.
     #[arg(long = "no-webui")]
     pub no_webui: bool,
+    /// Reasoning models' thinking (`<think>` blocks, gpt-oss's analysis
+    /// channel): `auto` gives it apart from the answer as
+    /// `reasoning_content`, `none` leaves it in `content`. A request's
+    /// `reasoning_format` field overrides it.
+    #[arg(long = "reasoning-format", value_enum, default_value = "auto")]
+    pub reasoning_format: ReasoningFormatArg,
     /// Also answer /v1/embeddings and /v1/rerank, with this encoder (a BERT
     /// GGUF or Hugging Face directory; `default` for all-MiniLM-L6-v2,
     /// pulled on first use). It has its own queue and batches its requests
@@ -441,6 +447,9 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
     state.priors = spindle_engine::decide::PriorCache::new(args.decide_cache_mb << 20);
     state.cors = cors;
     state.webui = !args.no_webui;
+    if args.reasoning_format == ReasoningFormatArg::None {
+        state.reasoning = None;
+    }
     if let Some(p) = &args.embedding_model {
         let given = (p.as_os_str() != "default").then(|| p.clone());
         let mut e = args.encoder.load(&given, threads)?;
@@ -489,4 +498,11 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
         name,
         summary,
     })
+}
+
+/// `--reasoning-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningFormatArg {
+    Auto,
+    None,
 }

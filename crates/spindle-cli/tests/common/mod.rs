@@ -6,6 +6,7 @@ use std::process::Child;
 
 /// The real default model, or `None` (with a note) when it has not been
 /// pulled; with `SPINDLE_REQUIRE_MODEL=1` (CI) a missing model fails.
+#[allow(dead_code)]
 pub fn real_model() -> Option<PathBuf> {
     let home = std::env::var_os("SPINDLE_HOME")
         .map(PathBuf::from)

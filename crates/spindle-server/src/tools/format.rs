@@ -51,6 +51,30 @@ pub struct HarmonyMarkers {
     pub end: Marker,
 }
 
+impl HarmonyMarkers {
+    fn new(tokenizer: &Tokenizer) -> HarmonyMarkers {
+        let m = |text| Marker::new(tokenizer, text);
+        HarmonyMarkers {
+            start: m("<|start|>"),
+            channel: m("<|channel|>"),
+            constrain: m("<|constrain|>"),
+            message: m("<|message|>"),
+            call: m("<|call|>"),
+            end: m("<|end|>"),
+        }
+    }
+
+    /// The markers, when the vocabulary has those that frame a message as
+    /// special tokens (gpt-oss's).
+    pub fn of(tokenizer: &Tokenizer) -> Option<HarmonyMarkers> {
+        let h = HarmonyMarkers::new(tokenizer);
+        [&h.start, &h.channel, &h.message, &h.end]
+            .iter()
+            .all(|m| m.special_id.is_some())
+            .then_some(h)
+    }
+}
+
 /// The call format of one model.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolFormat {
@@ -89,15 +113,7 @@ impl ToolFormat {
                 close: Marker::new(tokenizer, "</tool_call>"),
             }
         } else if src.contains("<|channel|>") && src.contains("<|call|>") {
-            let m = |text| Marker::new(tokenizer, text);
-            ToolFormat::Harmony(Box::new(HarmonyMarkers {
-                start: m("<|start|>"),
-                channel: m("<|channel|>"),
-                constrain: m("<|constrain|>"),
-                message: m("<|message|>"),
-                call: m("<|call|>"),
-                end: m("<|end|>"),
-            }))
+            ToolFormat::Harmony(Box::new(HarmonyMarkers::new(tokenizer)))
         } else if src.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral {
                 marker: Marker::new(tokenizer, "[TOOL_CALLS]"),

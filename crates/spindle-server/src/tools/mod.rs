@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::openai::{ChatMessageIn, Content, SamplingFields};
 
 pub use format::{HarmonyMarkers, Marker, ToolFormat};
+pub(crate) use reply::harmony_header;
 pub use reply::{parse_reply, ParsedCall, ReplyEnd, ReplyWatch, Watch};
 
 /// A function the model may call.
@@ -230,6 +231,16 @@ pub fn conversation(
         }
         let content = text_of(m.content.as_ref());
         let mut msg = ChatMessage::new(m.role.clone(), content);
+        if let Some(r) = m.reasoning_content.as_ref().filter(|r| !r.is_empty()) {
+            if m.role != "assistant" {
+                return Err(bad(format!(
+                    "only assistant messages carry reasoning_content, not {}",
+                    m.role
+                )));
+            }
+            msg.reasoning_content = Some(r.clone());
+            msg.thinking = Some(r.clone());
+        }
         if let Some(calls) = &m.tool_calls {
             if m.role != "assistant" {
                 return Err(bad(format!(

@@ -113,7 +113,10 @@ fn harmony_calls(h: &HarmonyMarkers, text: &str) -> Option<Vec<Value>> {
 
 /// A harmony header's channel (`<|channel|>NAME`) and recipient
 /// (`to=NAME`), in whichever order they come.
-fn harmony_header<'a>(h: &HarmonyMarkers, header: &'a str) -> (Option<&'a str>, Option<&'a str>) {
+pub(crate) fn harmony_header<'a>(
+    h: &HarmonyMarkers,
+    header: &'a str,
+) -> (Option<&'a str>, Option<&'a str>) {
     let word = |s: &'a str| {
         let end = s
             .find(|c: char| c.is_whitespace() || c == '<')
