@@ -18,6 +18,8 @@ use spindle_model::chat_template::ChatMessage;
 use spindle_model::tokenizer::Tokenizer;
 use spindle_model::{KvCache, Model, SeqId};
 
+use spindle_server::reasoning::{ReasoningFormat, Split};
+
 use crate::commands::run::{context_full, encode_chat};
 use crate::grammar::GrammarArgs;
 use crate::options::{tokenizer, ModelArgs, SamplingArgs};
@@ -212,11 +214,39 @@ impl Session<'_> {
         let stop = self.stop.clone();
         // A Ctrl-C pressed before this reply is not for it.
         stop.store(false, Ordering::SeqCst);
-        let mut on_token = |id| {
-            if let Some(p) = decoder.push(id) {
-                let _ = stdout.write_all(p.as_bytes());
-                let _ = stdout.flush();
+        // A reasoning model's thinking is shown dimmed (on a terminal) and
+        // kept apart from the answer in the conversation.
+        let mut split = ReasoningFormat::of(self.tok)
+            .map(|f| f.split(self.tok, &req.prompt, false, req.constraint.is_some()));
+        let dim = std::io::IsTerminal::is_terminal(&stdout);
+        let (mut thinking, mut answer) = (String::new(), String::new());
+        let mut show = |s: Split, out: &mut std::io::Stdout| {
+            if !s.reasoning.is_empty() {
+                let r = &s.reasoning;
+                let _ = if dim {
+                    write!(out, "\x1b[2m{r}\x1b[0m")
+                } else {
+                    write!(out, "{r}")
+                };
+                thinking.push_str(r);
             }
+            if !s.content.is_empty() {
+                if !thinking.is_empty() && answer.is_empty() {
+                    let _ = writeln!(out);
+                }
+                let _ = out.write_all(s.content.as_bytes());
+                answer.push_str(&s.content);
+            }
+        };
+        let mut on_token = |id| {
+            let piece = decoder.push(id).unwrap_or_default();
+            match split.as_mut() {
+                Some(r) => show(r.push(Some(id), &piece), &mut stdout),
+                None => {
+                    let _ = stdout.write_all(piece.as_bytes());
+                }
+            }
+            let _ = stdout.flush();
             !stop.load(Ordering::SeqCst)
         };
         // A long new part is prefilled first with a progress bar (on a
@@ -246,9 +276,19 @@ impl Session<'_> {
                 return Ok(());
             }
         };
-        if let Some(rest) = decoder.flush() {
-            let _ = stdout.write_all(rest.as_bytes());
-        }
+        let rest = decoder.flush().unwrap_or_default();
+        let mut stdout = std::io::stdout();
+        let reply = match split.as_mut() {
+            Some(r) => {
+                show(r.push(None, &rest), &mut stdout);
+                show(r.finish(), &mut stdout);
+                Some((std::mem::take(&mut thinking), std::mem::take(&mut answer)))
+            }
+            None => {
+                let _ = stdout.write_all(rest.as_bytes());
+                None
+            }
+        };
         println!();
         if out.finish == FinishReason::Cancelled {
             eprintln!("[stopped]");
@@ -259,10 +299,18 @@ impl Session<'_> {
         held.truncate(self.kv.seq_len(self.seq));
         self.held = held;
         print_stats(&out, context_full(&out, req.max_tokens));
-        self.messages.push(ChatMessage::new(
-            "assistant",
-            self.tok.decode(&out.tokens)?.trim().to_string(),
-        ));
+        let message = match reply {
+            Some((thinking, answer)) => {
+                let mut m = ChatMessage::new("assistant", answer.trim());
+                if !thinking.is_empty() {
+                    m.reasoning_content = Some(thinking.clone());
+                    m.thinking = Some(thinking);
+                }
+                m
+            }
+            None => ChatMessage::new("assistant", self.tok.decode(&out.tokens)?.trim()),
+        };
+        self.messages.push(message);
         Ok(())
     }
 }
