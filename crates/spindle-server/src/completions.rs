@@ -20,7 +20,7 @@ use crate::generation::{self, DraftCounts, Job};
 use crate::keys::tenant;
 use crate::models::check_model;
 use crate::openai::{ChatRequest, CompletionRequest};
-use crate::prompts::{chat_prompt, completion_prompt, echo_text};
+use crate::prompts::{chat_prompt, completion_prompt, echo_text, template_kwargs};
 use crate::replies::{choice_json, usage, Kind};
 use crate::tools::{ReplyWatch, ToolRequest};
 use crate::Shared;
@@ -69,7 +69,12 @@ pub(crate) async fn chat_completions(
     let req: ChatRequest = parse(&body)?;
     check_model(&state, &req.model)?;
     let tools = ToolRequest::parse(&req.sampling)?;
-    let prompt = chat_prompt(&state, &req.messages, tools.as_ref())?;
+    let kwargs = template_kwargs(
+        &state,
+        req.chat_template_kwargs.as_ref(),
+        req.reasoning_effort.as_deref(),
+    )?;
+    let prompt = chat_prompt(&state, &req.messages, tools.as_ref(), &kwargs)?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (true, k) => Some(k.unwrap_or(0)),
         (false, Some(_)) => {

@@ -93,6 +93,9 @@ pub struct AppState {
     /// `reasoning_content`; `None` leaves replies whole
     /// (`--reasoning-format none`, or a model that does not reason apart).
     pub reasoning: Option<reasoning::ReasoningFormat>,
+    /// Variables every chat template render gets (`--chat-template-kwargs`),
+    /// under a request's own `chat_template_kwargs`.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl AppState {
@@ -140,7 +143,28 @@ impl AppState {
             decisions: decide::DecisionCounts::default(),
             webui: true,
             reasoning,
+            template_kwargs: serde_json::Map::new(),
         }
+    }
+}
+
+impl AppState {
+    /// Sets the variables every chat template render gets
+    /// (`--chat-template-kwargs`): a JSON object, without the names the
+    /// server sets itself (`messages`, `tools`, ...).
+    pub fn set_template_kwargs(&mut self, json: &str) -> Result<(), String> {
+        let example = "such as '{\"enable_thinking\": false}'";
+        let Ok(serde_json::Value::Object(m)) = serde_json::from_str(json) else {
+            return Err(format!("must be a JSON object, {example}; got {json}"));
+        };
+        if let Some(k) = m
+            .keys()
+            .find(|k| prompts::RESERVED_TEMPLATE_VARS.contains(&k.as_str()))
+        {
+            return Err(format!("may not set '{k}' (requests set it)"));
+        }
+        self.template_kwargs = m;
+        Ok(())
     }
 }
 

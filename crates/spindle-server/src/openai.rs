@@ -122,6 +122,12 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessageIn>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
+    /// Further variables for the chat template (vLLM's and llama.cpp's
+    /// field): Qwen3's `enable_thinking`, gpt-oss's `reasoning_effort`, ...
+    pub chat_template_kwargs: Option<serde_json::Value>,
+    /// OpenAI's reasoning effort (`low`, `medium`, `high`, ...), given to
+    /// the template as `reasoning_effort` (gpt-oss's template reads it).
+    pub reasoning_effort: Option<String>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -187,6 +193,8 @@ pub struct TokenizeRequest {
     /// becomes those tokens (default) or is tokenized as plain text (as
     /// llama.cpp's `parse_special: false`).
     pub parse_special: Option<bool>,
+    /// As in a chat request, for `messages`.
+    pub chat_template_kwargs: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

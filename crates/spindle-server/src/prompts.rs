@@ -60,12 +60,64 @@ pub(crate) fn completion_prompt(state: &AppState, prompt: &Prompt) -> Result<Vec
         .map_err(untokenizable("prompt"))
 }
 
+/// Variables a template may not be given from outside: the conversation
+/// and what the server sets itself.
+pub(crate) const RESERVED_TEMPLATE_VARS: &[&str] = &[
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// The chat template's further variables: the server's defaults
+/// (`--chat-template-kwargs`), then the request's `chat_template_kwargs`
+/// (an object), then its `reasoning_effort`. Refused: anything but an
+/// object, and names that would replace the conversation.
+pub(crate) fn template_kwargs(
+    state: &AppState,
+    given: Option<&serde_json::Value>,
+    reasoning_effort: Option<&str>,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    let mut kwargs = state.template_kwargs.clone();
+    match given {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Object(m)) => {
+            if let Some(k) = m
+                .keys()
+                .find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str()))
+            {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs",
+                    format!(
+                        "chat_template_kwargs may not set '{k}' (the request's own fields set it)"
+                    ),
+                ));
+            }
+            kwargs.extend(m.clone());
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                "chat_template_kwargs must be an object of template variables",
+            ))
+        }
+    }
+    if let Some(e) = reasoning_effort {
+        kwargs.insert("reasoning_effort".into(), serde_json::Value::from(e));
+    }
+    Ok(kwargs)
+}
+
 /// Prompt ids of a chat: the conversation (with its tool calls and
-/// results) and the offered tools, through the chat template.
+/// results) and the offered tools, through the chat template with its
+/// further variables `kwargs`.
 pub(crate) fn chat_prompt(
     state: &AppState,
     messages: &[ChatMessageIn],
     tools: Option<&ToolRequest>,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<Vec<u32>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages is empty"));
@@ -73,7 +125,13 @@ pub(crate) fn chat_prompt(
     let (msgs, template_tools) = tools::conversation(messages, tools, &state.tool_format)?;
     let rendered = state
         .template
-        .render_tools_for(&state.tokenizer, &msgs, template_tools.as_ref(), true)
+        .render_kwargs_for(
+            &state.tokenizer,
+            &msgs,
+            template_tools.as_ref(),
+            true,
+            kwargs,
+        )
         .map_err(|e| ApiError::invalid("messages", format!("the chat template failed: {e}")))?;
     refuse_unfitting(state, "messages", rendered.len())?;
     // What users and tools wrote stays text: special-token text in a

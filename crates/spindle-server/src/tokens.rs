@@ -10,7 +10,7 @@ use crate::body::parse;
 use crate::error::ApiError;
 use crate::models::check_model;
 use crate::openai::{DetokenizeRequest, TokenizeRequest};
-use crate::prompts::{chat_prompt, untokenizable};
+use crate::prompts::{chat_prompt, template_kwargs, untokenizable};
 use crate::Shared;
 
 pub(crate) async fn tokenize(
@@ -29,7 +29,10 @@ pub(crate) async fn tokenize(
                 .encode(p, bos, req.parse_special.unwrap_or(true))
                 .map_err(untokenizable("prompt"))?
         }
-        (None, Some(m)) => chat_prompt(&state, m, None)?,
+        (None, Some(m)) => {
+            let kwargs = template_kwargs(&state, req.chat_template_kwargs.as_ref(), None)?;
+            chat_prompt(&state, m, None, &kwargs)?
+        }
         _ => {
             return Err(ApiError::bad_request(
                 "give exactly one of 'prompt' (text) or 'messages' (a chat)",

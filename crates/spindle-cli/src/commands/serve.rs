@@ -110,6 +110,12 @@ pub struct ServeArgs {
     /// `reasoning_format` field overrides it.
     #[arg(long = "reasoning-format", value_enum, default_value = "auto")]
     pub reasoning_format: ReasoningFormatArg,
+    /// Variables for every chat template render, as a JSON object (e.g.
+    /// '{"enable_thinking": false}' for Qwen3, '{"reasoning_effort":
+    /// "high"}' for gpt-oss); a request's `chat_template_kwargs` override
+    /// them one by one.
+    #[arg(long = "chat-template-kwargs", value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
     /// Also answer /v1/embeddings and /v1/rerank, with this encoder (a BERT
     /// GGUF or Hugging Face directory; `default` for all-MiniLM-L6-v2,
     /// pulled on first use). It has its own queue and batches its requests
@@ -449,6 +455,11 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
     state.webui = !args.no_webui;
     if args.reasoning_format == ReasoningFormatArg::None {
         state.reasoning = None;
+    }
+    if let Some(json) = &args.chat_template_kwargs {
+        state
+            .set_template_kwargs(json)
+            .map_err(|e| anyhow::anyhow!("--chat-template-kwargs {e}"))?;
     }
     if let Some(p) = &args.embedding_model {
         let given = (p.as_os_str() != "default").then(|| p.clone());

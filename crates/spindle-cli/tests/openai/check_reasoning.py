@@ -17,11 +17,13 @@ Environment: SPINDLE_NPM_DIR (node_modules' parent), SPINDLE_MODEL_FIXTURES
 (spindle-model/tests/fixtures).
 """
 
+import datetime
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 import numpy as np
 import openai
@@ -113,6 +115,13 @@ def serve(path):
     return p, url
 
 
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return json.load(r)
+
+
 def streamed(client, **kw):
     reasoning, content, calls, order = "", "", [], []
     for ch in client.chat.completions.create(stream=True, **kw):
@@ -165,10 +174,38 @@ def check(family):
                                   "reasoning_content": want_reasoning},
                                  {"role": "user", "content": "And 17 * 4?"}]
             client.chat.completions.create(model=name, messages=follow, max_tokens=2)
-            props = json.load(__import__("urllib.request").request.urlopen(
-                url.removesuffix("/v1") + "/props"))
+            props = json.load(urllib.request.urlopen(url.removesuffix("/v1") + "/props"))
             assert props["reasoning_format"] == {"qwen3": "think-tags",
                                                  "gpt_oss": "harmony"}[family], props
+
+            # Template variables (`chat_template_kwargs`, as vLLM and llama.cpp
+            # take them): the prompt is the one transformers renders with them.
+            case = next(c for c in REFS["families"][family]["cases"]
+                        if c["conversation"] == "system_user" and c["kwargs"]
+                        and not c["tools"])
+            today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+            want = case["text"].replace(REFS["now"][:10], today)
+            base = url.removesuffix("/v1")
+            got = post(base + "/tokenize", {"messages": REFS["conversations"]["system_user"],
+                                            "chat_template_kwargs": case["kwargs"]})
+            ids = post(base + "/tokenize", {"prompt": want, "add_special_tokens": False})
+            assert got["tokens"] == ids["tokens"], (family, case["kwargs"])
+            plain = post(base + "/tokenize", {"messages": REFS["conversations"]["system_user"]})
+            assert plain["tokens"] != got["tokens"], "the variables changed nothing"
+            # OpenAI's reasoning_effort reaches the template as that variable.
+            effort = post(base + "/tokenize", {"messages": question,
+                                               "chat_template_kwargs": {"reasoning_effort": "high"}})
+            r = client.chat.completions.create(model=name, messages=question, max_tokens=1,
+                                               reasoning_effort="high")
+            assert r.usage.prompt_tokens == effort["count"], (r.usage, effort["count"])
+            for bad in ("x", {"messages": []}):
+                try:
+                    client.chat.completions.create(model=name, messages=question, max_tokens=1,
+                                                   extra_body={"chat_template_kwargs": bad})
+                    raise AssertionError(f"chat_template_kwargs {bad!r} was taken")
+                except openai.BadRequestError as e:
+                    assert "chat_template_kwargs" in str(e), e
+            print(f"{family}: chat_template_kwargs and reasoning_effort render as transformers does")
 
             # Thinking, then a call: the call comes back as a call.
             tools = [{"type": "function", "function": {
