@@ -170,27 +170,11 @@ impl ReasoningSplit {
     }
 
     fn reason(&mut self, text: &str, out: &mut Split) {
-        let text = if self.reasoning_begun {
-            text
-        } else {
-            text.trim_start_matches('\n')
-        };
-        if !text.is_empty() {
-            self.reasoning_begun = true;
-            out.reasoning.push_str(text);
-        }
+        append_part(&mut self.reasoning_begun, text, &mut out.reasoning);
     }
 
     fn answer(&mut self, text: &str, out: &mut Split) {
-        let text = if self.answer_begun {
-            text
-        } else {
-            text.trim_start_matches('\n')
-        };
-        if !text.is_empty() {
-            self.answer_begun = true;
-            out.content.push_str(text);
-        }
+        append_part(&mut self.answer_begun, text, &mut out.content);
     }
 
     fn think(
@@ -338,19 +322,26 @@ impl ReasoningSplit {
     }
 }
 
+/// Appends `text` to a part of the reply (`begun`: whether the part has
+/// text yet; its leading newlines are dropped until it has).
+fn append_part(begun: &mut bool, text: &str, part: &mut String) {
+    let text = if *begun {
+        text
+    } else {
+        text.trim_start_matches('\n')
+    };
+    if !text.is_empty() {
+        *begun = true;
+        part.push_str(text);
+    }
+}
+
 /// The text of harmony marker `id`, if it is one.
 fn marker_text(h: &HarmonyMarkers, id: Option<u32>) -> Option<&str> {
-    [
-        &h.start,
-        &h.channel,
-        &h.constrain,
-        &h.message,
-        &h.call,
-        &h.end,
-    ]
-    .into_iter()
-    .find(|m| id.is_some() && m.special_id == id)
-    .map(|m| m.text.as_str())
+    h.all()
+        .into_iter()
+        .find(|m| id.is_some() && m.special_id == id)
+        .map(|m| m.text.as_str())
 }
 
 /// A header less its opening `<|start|>assistant`.
@@ -365,14 +356,7 @@ fn strip_role<'a>(h: &HarmonyMarkers, header: &'a str) -> &'a str {
 
 fn without_harmony_markers(h: &HarmonyMarkers, text: &str) -> String {
     let mut out = text.to_string();
-    for m in [
-        &h.start,
-        &h.channel,
-        &h.constrain,
-        &h.message,
-        &h.call,
-        &h.end,
-    ] {
+    for m in h.all() {
         out = out.replace(m.text.as_str(), "");
     }
     out

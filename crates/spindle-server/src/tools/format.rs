@@ -64,6 +64,18 @@ impl HarmonyMarkers {
         }
     }
 
+    /// Every marker, in the order they appear in a message.
+    pub fn all(&self) -> [&Marker; 6] {
+        [
+            &self.start,
+            &self.channel,
+            &self.constrain,
+            &self.message,
+            &self.call,
+            &self.end,
+        ]
+    }
+
     /// The markers, when the vocabulary has those that frame a message as
     /// special tokens (gpt-oss's).
     pub fn of(tokenizer: &Tokenizer) -> Option<HarmonyMarkers> {
@@ -157,14 +169,7 @@ impl ToolFormat {
             ToolFormat::Hermes { open, close } => vec![open, close],
             ToolFormat::Llama3 { python_tag } => vec![python_tag],
             ToolFormat::Mistral { marker } => vec![marker],
-            ToolFormat::Harmony(h) => vec![
-                &h.start,
-                &h.channel,
-                &h.constrain,
-                &h.message,
-                &h.call,
-                &h.end,
-            ],
+            ToolFormat::Harmony(h) => h.all().to_vec(),
             ToolFormat::Generic => Vec::new(),
         }
     }
