@@ -17,6 +17,8 @@
 //! when they render a past turn (`reasoning_content.strip('\n')`, the
 //! answer's leading newlines).
 
+use std::sync::Arc;
+
 use spindle_model::tokenizer::Tokenizer;
 
 use crate::tools::{HarmonyMarkers, Marker};
@@ -83,7 +85,7 @@ impl ReasoningFormat {
             ReasoningFormat::Harmony(_) => State::Header,
         };
         ReasoningSplit {
-            format: self.clone(),
+            format: Arc::new(self.clone()),
             state,
             held: String::new(),
             calls,
@@ -126,7 +128,8 @@ const MAX_HEADER: usize = 256;
 /// Splits one reply (see the module's docs).
 #[derive(Debug, Clone)]
 pub struct ReasoningSplit {
-    format: ReasoningFormat,
+    /// Shared by the choices' splits, and read on every token.
+    format: Arc<ReasoningFormat>,
     state: State,
     /// Text that may still be a tag (or a harmony header).
     held: String,
@@ -142,9 +145,10 @@ impl ReasoningSplit {
     /// whose text is `text`.
     pub fn push(&mut self, id: Option<u32>, text: &str) -> Split {
         let mut out = Split::default();
-        match self.format.clone() {
-            ReasoningFormat::Think { open, close } => self.think(&open, &close, id, text, &mut out),
-            ReasoningFormat::Harmony(h) => self.harmony(&h, id, text, &mut out),
+        let format = Arc::clone(&self.format);
+        match &*format {
+            ReasoningFormat::Think { open, close } => self.think(open, close, id, text, &mut out),
+            ReasoningFormat::Harmony(h) => self.harmony(h, id, text, &mut out),
         }
         out
     }
@@ -158,7 +162,7 @@ impl ReasoningSplit {
             State::Thinking => self.reason(held.trim_end_matches('\n'), &mut out),
             State::Header => {
                 // A header never completed: the text in it, without markers.
-                if let ReasoningFormat::Harmony(h) = &self.format {
+                if let ReasoningFormat::Harmony(h) = &*self.format {
                     let text = without_harmony_markers(h, &held);
                     self.answer(&text, &mut out);
                 }
@@ -391,7 +395,7 @@ mod tests {
 
     fn split_pieces(format: &ReasoningFormat, inside: bool, pieces: &[&str]) -> (String, String) {
         let mut s = ReasoningSplit {
-            format: format.clone(),
+            format: Arc::new(format.clone()),
             state: if inside {
                 State::Thinking
             } else {
@@ -475,7 +479,7 @@ mod harmony_tests {
         };
         let run = |calls: bool, tokens: &[(u32, &str)]| {
             let mut s = ReasoningSplit {
-                format: ReasoningFormat::Harmony(Box::new(h.clone())),
+                format: Arc::new(ReasoningFormat::Harmony(Box::new(h.clone()))),
                 state: State::Header,
                 held: String::new(),
                 calls,
