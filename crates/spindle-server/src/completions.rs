@@ -16,10 +16,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::access::Access;
 use crate::body::parse;
 use crate::error::ApiError;
-use crate::generation::{self, DraftCounts, Job};
+use crate::generation::{self, DraftCounts, GrammarFrame, Job};
 use crate::keys::tenant;
 use crate::models::check_model;
-use crate::openai::{ChatRequest, CompletionRequest};
+use crate::openai::{ChatRequest, CompletionRequest, ResponseFormat};
 use crate::prompts::{chat_prompt, completion_prompt, echo_text, template_kwargs};
 use crate::replies::{choice_json, usage, Kind};
 use crate::tools::{ReplyWatch, ToolRequest};
@@ -55,7 +55,7 @@ pub(crate) async fn completions(
         16,
         req.logprobs,
         tenant(&headers),
-        None,
+        GrammarFrame::default(),
     )?;
     respond(state, job, &req.sampling, Kind::Completion, echo, access).await
 }
@@ -88,20 +88,7 @@ pub(crate) async fn chat_completions(
     let tool_grammar = tools.as_ref().and_then(|t| t.grammar(&state.tool_format));
     // With a grammar the reply is calls, nothing else.
     let required = tool_grammar.is_some();
-    let mut job = generation::build_job(
-        &state,
-        &req.sampling,
-        prompt,
-        usize::MAX,
-        logprobs,
-        tenant(&headers),
-        tool_grammar,
-    )?;
-    job.watch = tools.as_ref().filter(|t| t.offered()).map(|t| {
-        let names = t.callable().iter().map(|f| f.name.clone()).collect();
-        ReplyWatch::new(state.tool_format.clone(), names, required)
-    });
-    job.reasoning = match req.sampling.reasoning_format.as_deref() {
+    let reasoning = match req.sampling.reasoning_format.as_deref() {
         None | Some("auto" | "deepseek") => state.reasoning.as_ref(),
         Some("none") => None,
         Some(other) => {
@@ -110,9 +97,43 @@ pub(crate) async fn chat_completions(
                 format!("reasoning_format must be auto or none, got '{other}'"),
             ))
         }
-    }
-    .map(|r| {
-        let constrained = job.params.constraint.is_some();
+    };
+    // A JSON reply (`response_format`, `json_schema`) of a reasoning model
+    // may think first: its grammar is wrapped, and the reply read from its
+    // start as any other.
+    let opened = reasoning.is_some_and(|r| r.opened_by(&state.tokenizer, &prompt));
+    let json_asked = req.sampling.json_schema.is_some()
+        || matches!(
+            req.sampling.response_format,
+            Some(ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. })
+        );
+    let wraps_json = reasoning.is_some() && json_asked && tool_grammar.is_none();
+    let wrap = |json: &str| {
+        reasoning
+            .map(|r| r.json_after_thinking(json, opened))
+            .unwrap_or_default()
+    };
+    let frame = GrammarFrame {
+        tools: tool_grammar,
+        reasoning: wraps_json.then_some(&wrap as &dyn Fn(&str) -> String),
+    };
+    let mut job = generation::build_job(
+        &state,
+        &req.sampling,
+        prompt,
+        usize::MAX,
+        logprobs,
+        tenant(&headers),
+        frame,
+    )?;
+    job.watch = tools.as_ref().filter(|t| t.offered()).map(|t| {
+        let names = t.callable().iter().map(|f| f.name.clone()).collect();
+        ReplyWatch::new(state.tool_format.clone(), names, required)
+    });
+    job.reasoning = reasoning.map(|r| {
+        // A grammar decides where a reply starts, unless it is the wrapped
+        // one, which starts where the prompt left off.
+        let constrained = job.params.constraint.is_some() && !wraps_json;
         r.split(
             &state.tokenizer,
             &job.prompt,

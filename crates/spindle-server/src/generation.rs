@@ -101,6 +101,17 @@ pub enum Piece {
     },
 }
 
+/// What a chat request adds to the grammar its fields ask for.
+#[derive(Default)]
+pub struct GrammarFrame<'a> {
+    /// The grammar a required or named tool call imposes.
+    pub tools: Option<Grammar>,
+    /// For a reasoning model: wraps a JSON output grammar (a Lark `%json`
+    /// item) so that the reply may think before it
+    /// ([`crate::reasoning::ReasoningFormat::json_after_thinking`]).
+    pub reasoning: Option<&'a dyn Fn(&str) -> String>,
+}
+
 /// Turns the shared sampling fields into engine parameters, checking every
 /// value. `default_max` applies when the request sets no token limit;
 /// `tool_grammar` is the grammar a required tool call imposes.
@@ -111,7 +122,7 @@ pub fn build_job(
     default_max: usize,
     logprobs: Option<u32>,
     tenant: String,
-    tool_grammar: Option<Grammar>,
+    frame: GrammarFrame<'_>,
 ) -> Result<Job, ApiError> {
     let ctx = state.engine.ctx;
     // The engine checks the prompt and the context when the job is
@@ -227,7 +238,7 @@ pub fn build_job(
         ..SamplerConfig::default()
     };
     refuse_unhonoured(f)?;
-    let constraint = constraint(state, f, tool_grammar)?;
+    let constraint = constraint(state, f, frame)?;
     let stop_ids = if f.ignore_eos.unwrap_or(false) {
         Vec::new()
     } else {
@@ -315,10 +326,10 @@ pub fn refuse_tools(f: &SamplingFields) -> Result<(), ApiError> {
 fn constraint(
     state: &AppState,
     f: &SamplingFields,
-    tool_grammar: Option<Grammar>,
+    frame: GrammarFrame<'_>,
 ) -> Result<Option<Constraint>, ApiError> {
     let mut asked = Vec::new();
-    if let Some(g) = tool_grammar {
+    if let Some(g) = frame.tools {
         asked.push(("tools", g));
     }
     match &f.response_format {
@@ -343,7 +354,7 @@ fn constraint(
     if let Some(r) = &f.regex {
         asked.push(("regex", Grammar::Regex(r.clone())));
     }
-    let (param, grammar) = match asked.len() {
+    let (param, mut grammar) = match asked.len() {
         0 => return Ok(None),
         1 => asked.pop().expect("one"),
         _ => {
@@ -357,6 +368,10 @@ fn constraint(
             ));
         }
     };
+    // A reasoning model thinks first, then writes the JSON asked for.
+    if let (Some(wrap), Some(json)) = (frame.reasoning, grammar.json_lark()) {
+        grammar = Grammar::Lark(wrap(&json));
+    }
     let compiler = state.grammars.as_ref().ok_or_else(|| {
         ApiError::invalid(
             param,

@@ -56,6 +56,58 @@ impl ReasoningFormat {
         }
     }
 
+    /// Whether `prompt` (ids) ends in an open `<think>`, so that the reply
+    /// starts inside the thinking (DeepSeek-R1's template opens it).
+    pub fn opened_by(&self, tokenizer: &Tokenizer, prompt: &[u32]) -> bool {
+        let ReasoningFormat::Think { open, .. } = self else {
+            return false;
+        };
+        let last = prompt.iter().rev().find(|&&id| {
+            tokenizer
+                .token_to_piece(id)
+                .is_some_and(|p| !p.trim().is_empty())
+        });
+        last.is_some() && last.copied() == tokenizer.token_to_id(&open.text)
+    }
+
+    /// A Lark grammar for a reply that may think first and then writes
+    /// `json` (a `%json` item): `<think>...</think>` then the JSON, or
+    /// the JSON alone (the thinking only, then the JSON, when the prompt
+    /// `opened` the block); harmony: an analysis message, then the final
+    /// message's JSON, or the final message alone. So `response_format`
+    /// leaves a reasoning model its thinking, as vLLM does.
+    pub fn json_after_thinking(&self, json: &str, opened: bool) -> String {
+        let lit = |m: &Marker| match m.special_id {
+            Some(id) => format!("<[{id}]>"),
+            None => serde_json::to_string(&m.text).expect("a string serializes"),
+        };
+        match self {
+            ReasoningFormat::Think { open, close } => {
+                // Thinking text up to the closing tag: a lazy match ended by
+                // the tag's text, or free text then the tag's token.
+                let thought = match close.special_id {
+                    Some(_) => format!("thought: /(?s:.*)/ {}", lit(close)),
+                    None => format!("thought[suffix={}]: /(?s:.*)/", lit(close)),
+                };
+                let start = if opened {
+                    "start: thought SP? json".to_string()
+                } else {
+                    format!("start: ({} thought SP?)? json", lit(open))
+                };
+                format!("{start}\n{thought}\nSP: /[ \\t\\r\\n]+/\njson: {json}\n")
+            }
+            ReasoningFormat::Harmony(h) => format!(
+                "start: analysis? {ch} \"final\" {msg} json\n\
+                 analysis: {ch} \"analysis\" {msg} /(?s:.*)/ {end} {st} \"assistant\"\n\
+                 json: {json}\n",
+                ch = lit(&h.channel),
+                msg = lit(&h.message),
+                end = lit(&h.end),
+                st = lit(&h.start),
+            ),
+        }
+    }
+
     /// A split for one reply to `prompt` (its ids: a prompt that ends in an
     /// open `<think>` starts the reply inside the thinking, unless the
     /// reply is `constrained` by a grammar, which decides what it is).
@@ -69,19 +121,10 @@ impl ReasoningFormat {
         constrained: bool,
     ) -> ReasoningSplit {
         let state = match self {
-            ReasoningFormat::Think { open, .. } => {
-                let last = prompt.iter().rev().find(|&&id| {
-                    tokenizer
-                        .token_to_piece(id)
-                        .is_some_and(|p| !p.trim().is_empty())
-                });
-                let open_id = tokenizer.token_to_id(&open.text);
-                if !constrained && last.is_some() && last.copied() == open_id {
-                    State::Thinking
-                } else {
-                    State::Start
-                }
+            ReasoningFormat::Think { .. } if !constrained && self.opened_by(tokenizer, prompt) => {
+                State::Thinking
             }
+            ReasoningFormat::Think { .. } => State::Start,
             ReasoningFormat::Harmony(_) => State::Header,
         };
         ReasoningSplit {

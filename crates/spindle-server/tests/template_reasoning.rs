@@ -140,3 +140,70 @@ fn gpt_oss_analysis_reads_back_as_reasoning() {
     let (r, c) = read_back(&tok, &prompt, "It is 51.");
     assert_eq!((r.as_str(), c.as_str()), ("", "It is 51."));
 }
+
+/// Whether the grammar `lark` takes `text` (tokenized with special tokens
+/// parsed) token by token and may end after it.
+fn grammar_takes(tok: &Tokenizer, lark: &str, text: &str) -> bool {
+    use spindle_engine::constraint::{Grammar, GrammarCompiler};
+    let compiler = GrammarCompiler::new(tok).unwrap();
+    let mut c = compiler
+        .compile(&Grammar::Lark(lark.to_string()))
+        .unwrap_or_else(|e| panic!("{e}\n{lark}"));
+    let stops = tok.stop_ids();
+    for id in tok.encode(text, false, true).unwrap() {
+        if !c.allows(id, &stops) {
+            return false;
+        }
+        c.consume(id);
+    }
+    // The grammar is complete (nothing may follow), or may end here.
+    c.is_done() || stops.iter().any(|&s| c.allows(s, &stops))
+}
+
+/// `response_format` on a reasoning model: the grammar lets the reply
+/// think first (in the model's own framing) and then holds it to the
+/// schema; JSON alone is taken too, and text after the thinking is not.
+#[test]
+fn json_grammars_leave_reasoning_models_their_thinking() {
+    use spindle_engine::constraint::Grammar;
+    let refs = reference();
+    let schema = serde_json::json!({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]});
+    let json = Grammar::JsonSchema(schema).json_lark().unwrap();
+    let answer = "{\"answer\": 51}";
+    if let Some(tok) = tokenizer_or_skip(&refs, "qwen3") {
+        let format = ReasoningFormat::of(&tok).unwrap();
+        let lark = format.json_after_thinking(&json, false);
+        let thought = format!("<think>\nThe user wants JSON.\n</think>\n\n{answer}");
+        assert!(grammar_takes(&tok, &lark, &thought), "{lark}");
+        assert!(grammar_takes(&tok, &lark, answer));
+        assert!(!grammar_takes(
+            &tok,
+            &lark,
+            "<think>\nHm.\n</think>\n\nIt is 51."
+        ));
+        assert!(!grammar_takes(&tok, &lark, "{\"answer\": \"51\"}"));
+        // The prompt opened the block: thinking, the tag, then the JSON.
+        let opened = format.json_after_thinking(&json, true);
+        assert!(grammar_takes(&tok, &opened, &thought["<think>".len()..]));
+        assert!(!grammar_takes(&tok, &opened, "\nHm, no closing tag."));
+    }
+    if let Some(tok) = tokenizer_or_skip(&refs, "gpt_oss") {
+        let lark = ReasoningFormat::of(&tok)
+            .unwrap()
+            .json_after_thinking(&json, false);
+        let final_message = format!("<|channel|>final<|message|>{answer}");
+        let analysis =
+            "<|channel|>analysis<|message|>The user wants JSON.<|end|><|start|>assistant";
+        assert!(
+            grammar_takes(&tok, &lark, &format!("{analysis}{final_message}")),
+            "{lark}"
+        );
+        assert!(grammar_takes(&tok, &lark, &final_message));
+        assert!(!grammar_takes(
+            &tok,
+            &lark,
+            "<|channel|>final<|message|>It is 51."
+        ));
+        assert!(!grammar_takes(&tok, &lark, answer));
+    }
+}

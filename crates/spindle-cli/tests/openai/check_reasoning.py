@@ -207,6 +207,26 @@ def check(family):
                     assert "chat_template_kwargs" in str(e), e
             print(f"{family}: chat_template_kwargs and reasoning_effort render as transformers does")
 
+            # A JSON reply may think first: whatever the (random) model chose,
+            # a finished reply's content is the schema's JSON and the
+            # thinking, if any, is apart; without the split, JSON alone.
+            schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
+                      "required": ["answer"]}
+            rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+            for fmt in ("auto", "none"):
+                r = client.chat.completions.create(
+                    model=name, messages=question, max_tokens=300, temperature=0,
+                    response_format=rf, extra_body={"reasoning_format": fmt})
+                m = r.choices[0].message
+                thought = (m.model_extra or {}).get("reasoning_content")
+                print(f"{family} response_format, reasoning_format {fmt}: finish "
+                      f"{r.choices[0].finish_reason}, thinking {len(thought or '')} chars, "
+                      f"content {m.content[:60]!r}")
+                if r.choices[0].finish_reason == "stop":
+                    assert isinstance(json.loads(m.content)["answer"], int), m.content
+                if fmt == "none":
+                    assert thought is None, m
+
             # Thinking, then a call: the call comes back as a call.
             tools = [{"type": "function", "function": {
                 "name": "get_weather", "description": "The weather in a city.", "parameters": {

@@ -47,6 +47,18 @@ impl Grammar {
         }
     }
 
+    /// A JSON grammar as a Lark `%json` item (its schema closed and
+    /// compacted as when it is compiled alone), for composing it into a
+    /// larger grammar; `None` for other kinds.
+    pub fn json_lark(&self) -> Option<String> {
+        let schema = match self {
+            Grammar::JsonSchema(s) => close_objects(s.clone()),
+            Grammar::JsonObject => serde_json::json!({"type": "object"}),
+            _ => return None,
+        };
+        Some(format!("%json {}", compact(schema)))
+    }
+
     fn top_level(&self) -> TopLevelGrammar {
         match self {
             Grammar::JsonSchema(s) => {
