@@ -13,11 +13,9 @@
 //! are multiplied as unsigned `u = q + OFFSET` and `OFFSET * sum(a)` is taken
 //! off using the activation block sums, which is the same integer.
 
-#[cfg(target_arch = "x86_64")]
-use super::kernels::{avx2_multi, vnni_multi};
-use super::kernels::{scalar_multi, Kernel};
+use super::kernels::{block32_act, Kernel, OneRow};
 use super::multi_row::{Decoded, Fold, MultiRow};
-use super::q8_act::{ActFormat, ActRow};
+use super::q8_act::ActRow;
 use super::{arr, f16_le};
 use crate::simd::tree8;
 use crate::simd::Isa;
@@ -56,16 +54,16 @@ pub(crate) trait Block32 {
 /// multi-row kernels scalar, AVX2 and `vpdpbusd zmm`. The tile unit runs
 /// only vertical matrices (their entry's `vertical`).
 pub(crate) fn kernels<B: Block32>(isa: Isa) -> Option<Kernel> {
-    let b32 = ActFormat::Block32;
-    Some(match isa {
-        Isa::Scalar => Kernel::Quant(b32, rows_scalar::<B>, scalar_multi::<B>()),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Kernel::Quant(b32, avx2::rows::<B>, avx2_multi::<B>()),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni | Isa::Amx => Kernel::Quant(b32, avx2::rows_vnni::<B>, vnni_multi::<B>()),
-        #[allow(unreachable_patterns)]
-        _ => return None,
-    })
+    block32_act::<B>(
+        isa,
+        OneRow {
+            scalar: rows_scalar::<B>,
+            #[cfg(target_arch = "x86_64")]
+            avx2: avx2::rows::<B>,
+            #[cfg(target_arch = "x86_64")]
+            avx512: avx2::rows_vnni::<B>,
+        },
+    )
 }
 
 /// Scalar reference: dot of one weight row (whole blocks of `B`) with one

@@ -7,6 +7,7 @@
 use super::float::FloatRangeFn;
 use super::multi_row::{self, MultiRow, PackActsFn, QuantRangeFn, MR};
 use super::q8_act::{ActFormat, ActRow};
+use crate::simd::Isa;
 
 /// `k(w_rows, row_bytes, x_row, out)`: `out[j] = dot(row j of w_rows, x_row)`.
 pub(crate) type FloatRowsFn = unsafe fn(&[u8], usize, &[f32], &mut [f32]);
@@ -59,6 +60,32 @@ impl Grain {
 /// The grain of the kernels that read packed activation rows.
 fn packed_grain(cols: usize) -> Grain {
     Grain::of_rows(multi_row::packed_row_bytes(cols))
+}
+
+/// A quantized type's one-row kernels, per ISA.
+pub(crate) struct OneRow {
+    pub scalar: QuantRowsFn,
+    #[cfg(target_arch = "x86_64")]
+    pub avx2: QuantRowsFn,
+    /// What AVX-512 machines run (AVX2's where the type has no own).
+    #[cfg(target_arch = "x86_64")]
+    pub avx512: QuantRowsFn,
+}
+
+/// The kernels on `isa` of a type `T` multiplied with `Block32`
+/// activations: its one-row kernels `one`, and the scalar, AVX2 and
+/// `vpdpbusd zmm` multi-row kernels.
+pub(crate) fn block32_act<T: MultiRow>(isa: Isa, one: OneRow) -> Option<Kernel> {
+    let b32 = ActFormat::Block32;
+    Some(match isa {
+        Isa::Scalar => Kernel::Quant(b32, one.scalar, scalar_multi::<T>()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Kernel::Quant(b32, one.avx2, avx2_multi::<T>()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni | Isa::Amx => Kernel::Quant(b32, one.avx512, vnni_multi::<T>()),
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    })
 }
 
 /// The scalar multi-row kernel of quantized type `T`.

@@ -10,12 +10,9 @@
 //! Dot products take `Block32` activations and fold exactly as Q4_K's: sub-block
 //! `j` of super-block `s` into lane `(8s + j) % 8`.
 
-#[cfg(target_arch = "x86_64")]
-use super::kernels::{avx2_multi, vnni_multi};
-use super::kernels::{scalar_multi, Kernel};
+use super::kernels::{block32_act, Kernel, OneRow};
 use super::multi_row::{Decoded, Fold, MultiRow};
 use super::q4_k::k_decode_row;
-use super::q8_act::ActFormat;
 use super::q8_act::ActRow;
 use super::registry::QuantType;
 use super::{arr, f16_le, k_dot_scalar, k_scales_mins};
@@ -32,16 +29,16 @@ pub(crate) const TYPE: QuantType = QuantType {
 /// The kernels on `isa`: one-row scalar and AVX2 (which AVX-512 machines
 /// run too), multi-row scalar, AVX2 and `vpdpbusd zmm`.
 pub(crate) fn kernels(isa: Isa) -> Option<Kernel> {
-    let b32 = ActFormat::Block32;
-    Some(match isa {
-        Isa::Scalar => Kernel::Quant(b32, rows_scalar, scalar_multi::<Q5K>()),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Kernel::Quant(b32, avx2::rows, avx2_multi::<Q5K>()),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni | Isa::Amx => Kernel::Quant(b32, avx2::rows, vnni_multi::<Q5K>()),
-        #[allow(unreachable_patterns)]
-        _ => return None,
-    })
+    block32_act::<Q5K>(
+        isa,
+        OneRow {
+            scalar: rows_scalar,
+            #[cfg(target_arch = "x86_64")]
+            avx2: avx2::rows,
+            #[cfg(target_arch = "x86_64")]
+            avx512: avx2::rows,
+        },
+    )
 }
 
 /// Bytes per super-block.

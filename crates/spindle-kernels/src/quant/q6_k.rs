@@ -18,11 +18,8 @@
 //! `scale[2t] * dot_lo + scale[2t+1] * dot_hi` folds into lane `b % 8` with
 //! [`fold_scaled`].
 
-#[cfg(target_arch = "x86_64")]
-use super::kernels::{avx2_multi, vnni_multi};
-use super::kernels::{scalar_multi, Kernel};
+use super::kernels::{block32_act, Kernel, OneRow};
 use super::multi_row::{Decoded, Fold, MultiRow};
-use super::q8_act::ActFormat;
 use super::q8_act::ActRow;
 use super::registry::QuantType;
 use super::{arr, f16_le, fold_scaled};
@@ -41,16 +38,16 @@ pub(crate) const TYPE: QuantType = QuantType {
 /// The kernels on `isa`: one-row scalar and AVX2 (which AVX-512 machines
 /// run too), multi-row scalar, AVX2 and `vpdpbusd zmm`.
 pub(crate) fn kernels(isa: Isa) -> Option<Kernel> {
-    let b32 = ActFormat::Block32;
-    Some(match isa {
-        Isa::Scalar => Kernel::Quant(b32, rows_scalar, scalar_multi::<Q6K>()),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Kernel::Quant(b32, avx2::rows, avx2_multi::<Q6K>()),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni | Isa::Amx => Kernel::Quant(b32, avx2::rows, vnni_multi::<Q6K>()),
-        #[allow(unreachable_patterns)]
-        _ => return None,
-    })
+    block32_act::<Q6K>(
+        isa,
+        OneRow {
+            scalar: rows_scalar,
+            #[cfg(target_arch = "x86_64")]
+            avx2: avx2::rows,
+            #[cfg(target_arch = "x86_64")]
+            avx512: avx2::rows,
+        },
+    )
 }
 
 /// Bytes per super-block.
