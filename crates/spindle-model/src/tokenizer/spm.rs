@@ -4,7 +4,8 @@
 //! The file has tokens and scores but no merges. As transformers' GGUF
 //! converter does, every way to cut a token into two tokens of the vocabulary
 //! becomes a merge, ranked by the token's score, best first, which is the
-//! order llama.cpp's SentencePiece tokenizer merges in. Gemma files are
+//! order llama.cpp's SentencePiece tokenizer merges in (files whose scores
+//! are placeholders: by position, [`placeholder_ranks`]). Gemma files are
 //! special in two ways (transformers' `gemma_tokenizer`): runs of spaces are
 //! stored as real spaces and are respelled with `▁`, and merges are ranked by
 //! position in the vocabulary instead of by score.
@@ -25,8 +26,8 @@ enum Shape {
     Gemma,
     /// Phi-3: the prefix space comes from a normalizer.
     Phi3,
-    /// Llama 2, Mistral: `Metaspace` with the prefix space on the first piece
-    /// when `add_space_prefix` (default true).
+    /// Llama 2, Mistral: a space before every text segment (as llama.cpp
+    /// puts one) when `add_space_prefix` (default true).
     Llama { add_prefix: bool },
 }
 
@@ -56,7 +57,12 @@ pub(crate) fn build(v: GgufVocab) -> Result<Parts, TokenizerError> {
                     .into(),
             )
         })?;
-        s.iter().map(|&x| f64::from(x)).collect()
+        let scores: Vec<f64> = s.iter().map(|&x| f64::from(x)).collect();
+        if scores.windows(2).all(|w| w[0] == w[1]) {
+            placeholder_ranks(&tokens)
+        } else {
+            scores
+        }
     };
 
     let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
@@ -85,19 +91,19 @@ pub(crate) fn build(v: GgufVocab) -> Result<Parts, TokenizerError> {
                         "behavior": "MergedWithPrevious", "invert": false})),
             sp_decoder(false),
         ),
-        Shape::Phi3 => (
+        // llama.cpp puts a space before every text segment, whether or not
+        // it starts with one (Metaspace's "first" would not before a space).
+        Shape::Phi3 | Shape::Llama { add_prefix: true } => (
             Some(json!({"type": "Sequence", "normalizers": [
                 {"type": "Prepend", "prepend": "\u{2581}"},
                 {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}]})),
             None,
             sp_decoder(true),
         ),
-        Shape::Llama { add_prefix } => (
+        Shape::Llama { add_prefix: false } => (
+            Some(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"})),
             None,
-            Some(json!({"type": "Metaspace", "replacement": "\u{2581}",
-                        "prepend_scheme": if add_prefix { "first" } else { "never" },
-                        "split": false})),
-            sp_decoder(add_prefix),
+            sp_decoder(false),
         ),
     };
     let strip_first_space = match shape {
@@ -167,6 +173,29 @@ fn respell_spaces(t: &str) -> String {
     } else {
         t.to_string()
     }
+}
+
+/// Scores for a vocabulary whose file has placeholders (a converter that had
+/// only `tokenizer.json` writes -1000 for every piece): SentencePiece lists
+/// pieces best first, so vocabulary order is the order the lost scores
+/// gave, except for the runs of `▁` that Llama 2 and Mistral carry with a
+/// score below every other piece (they merge last, as the `tokenizers`
+/// library's own merges for these files have them).
+fn placeholder_ranks(tokens: &[String]) -> Vec<f64> {
+    let n = tokens.len() as f64;
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let spaces = !t.is_empty() && t.chars().all(|c| c == '\u{2581}');
+            -(i as f64)
+                - if spaces && t.chars().count() > 1 {
+                    n
+                } else {
+                    0.0
+                }
+        })
+        .collect()
 }
 
 /// Python's `str.isspace` (what `str.strip()` removes).
@@ -261,6 +290,20 @@ mod tests {
             got,
             [("ab", "c"), ("a", "bc"), ("a", "b"), ("b", "c")],
             "abc (-0.5) first, longer left half first; then ab, then bc"
+        );
+    }
+
+    #[test]
+    fn placeholder_scores_rank_by_position_with_space_runs_last() {
+        let tokens: Vec<String> = ["\u{2581}", "\u{2581}\u{2581}", "\u{2581}t", "in"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let r = placeholder_ranks(&tokens);
+        assert!(r[0] > r[2] && r[2] > r[3], "vocabulary order: {r:?}");
+        assert!(
+            r[1] < r[3],
+            "a run of spaces merges after every other piece: {r:?}"
         );
     }
 
