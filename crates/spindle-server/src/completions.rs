@@ -10,6 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{json, Value};
+use spindle_engine::constraint::Grammar;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -21,6 +22,7 @@ use crate::keys::tenant;
 use crate::models::check_model;
 use crate::openai::{ChatRequest, CompletionRequest, ResponseFormat};
 use crate::prompts::{chat_prompt, completion_prompt, echo_text, template_kwargs};
+use crate::reasoning::ReasoningFormat;
 use crate::replies::{choice_json, usage, Kind};
 use crate::tools::{ReplyWatch, ToolRequest};
 use crate::Shared;
@@ -86,7 +88,7 @@ pub(crate) async fn chat_completions(
         (false, None) => None,
     };
     let tool_grammar = tools.as_ref().and_then(|t| t.grammar(&state.tool_format));
-    // With a grammar the reply is calls, nothing else.
+    // With a grammar the reply is calls, nothing else (after any thinking).
     let required = tool_grammar.is_some();
     let reasoning = match req.sampling.reasoning_format.as_deref() {
         None | Some("auto" | "deepseek") => state.reasoning.as_ref(),
@@ -113,8 +115,14 @@ pub(crate) async fn chat_completions(
             .map(|r| r.json_after_thinking(json, opened))
             .unwrap_or_default()
     };
+    // A required call too: the model may think before it calls.
+    let wrapped_calls = match (reasoning, &tool_grammar) {
+        (Some(r), Some(g)) => calls_after_thinking(r, g, opened),
+        _ => None,
+    };
+    let wraps_calls = wrapped_calls.is_some();
     let frame = GrammarFrame {
-        tools: tool_grammar,
+        tools: wrapped_calls.or(tool_grammar),
         reasoning: wraps_json.then_some(&wrap as &dyn Fn(&str) -> String),
     };
     let mut job = generation::build_job(
@@ -133,7 +141,7 @@ pub(crate) async fn chat_completions(
     job.reasoning = reasoning.map(|r| {
         // A grammar decides where a reply starts, unless it is the wrapped
         // one, which starts where the prompt left off.
-        let constrained = job.params.constraint.is_some() && !wraps_json;
+        let constrained = job.params.constraint.is_some() && !wraps_json && !wraps_calls;
         r.split(
             &state.tokenizer,
             &job.prompt,
@@ -142,6 +150,17 @@ pub(crate) async fn chat_completions(
         )
     });
     respond(state, job, &req.sampling, Kind::Chat, None, access).await
+}
+
+/// The grammar of a required call `calls` for a reasoning model, which may
+/// think first ([`ReasoningFormat::calls_after_thinking`]); `None` for a
+/// grammar that cannot be composed (left as it is).
+fn calls_after_thinking(r: &ReasoningFormat, calls: &Grammar, opened: bool) -> Option<Grammar> {
+    let lark = match calls {
+        Grammar::Lark(l) => r.calls_after_thinking(l.strip_prefix("start:")?, opened),
+        json => r.json_after_thinking(&json.json_lark()?, opened),
+    };
+    Some(Grammar::Lark(lark))
 }
 
 async fn respond(

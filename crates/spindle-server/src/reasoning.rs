@@ -23,6 +23,14 @@ use spindle_model::tokenizer::Tokenizer;
 
 use crate::tools::{HarmonyMarkers, Marker};
 
+/// A marker as a Lark item: its token where it is special, else its text.
+fn lit(m: &Marker) -> String {
+    match m.special_id {
+        Some(id) => format!("<[{id}]>"),
+        None => serde_json::to_string(&m.text).expect("a string serializes"),
+    }
+}
+
 /// How this model writes its thinking.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReasoningFormat {
@@ -77,10 +85,27 @@ impl ReasoningFormat {
     /// message's JSON, or the final message alone. So `response_format`
     /// leaves a reasoning model its thinking, as vLLM does.
     pub fn json_after_thinking(&self, json: &str, opened: bool) -> String {
-        let lit = |m: &Marker| match m.special_id {
-            Some(id) => format!("<[{id}]>"),
-            None => serde_json::to_string(&m.text).expect("a string serializes"),
+        let (before, rules) = self.thinking(opened);
+        let answer = match self {
+            ReasoningFormat::Think { .. } => "json".to_string(),
+            ReasoningFormat::Harmony(h) => {
+                format!("{} \"final\" {} json", lit(&h.channel), lit(&h.message))
+            }
         };
+        format!("start: {before} {answer}\n{rules}json: {json}\n")
+    }
+
+    /// [`ReasoningFormat::json_after_thinking`] for a required tool call:
+    /// `calls` is the body of the call grammar's `start` rule and the rules
+    /// after it (a harmony call is a message of its own, after the analysis
+    /// message).
+    pub fn calls_after_thinking(&self, calls: &str, opened: bool) -> String {
+        let (before, rules) = self.thinking(opened);
+        format!("start: {before} calls\n{rules}calls:{calls}")
+    }
+
+    /// What may come before the answer in `start`, and the rules it names.
+    fn thinking(&self, opened: bool) -> (String, String) {
         match self {
             ReasoningFormat::Think { open, close } => {
                 // Thinking text up to the closing tag: a lazy match ended by
@@ -89,21 +114,22 @@ impl ReasoningFormat {
                     Some(_) => format!("thought: /(?s:.*)/ {}", lit(close)),
                     None => format!("thought[suffix={}]: /(?s:.*)/", lit(close)),
                 };
-                let start = if opened {
-                    "start: thought SP? json".to_string()
+                let before = if opened {
+                    "thought SP?".to_string()
                 } else {
-                    format!("start: ({} thought SP?)? json", lit(open))
+                    format!("({} thought SP?)?", lit(open))
                 };
-                format!("{start}\n{thought}\nSP: /[ \\t\\r\\n]+/\njson: {json}\n")
+                (before, format!("{thought}\nSP: /[ \\t\\r\\n]+/\n"))
             }
-            ReasoningFormat::Harmony(h) => format!(
-                "start: analysis? {ch} \"final\" {msg} json\n\
-                 analysis: {ch} \"analysis\" {msg} /(?s:.*)/ {end} {st} \"assistant\"\n\
-                 json: {json}\n",
-                ch = lit(&h.channel),
-                msg = lit(&h.message),
-                end = lit(&h.end),
-                st = lit(&h.start),
+            ReasoningFormat::Harmony(h) => (
+                "analysis?".to_string(),
+                format!(
+                    "analysis: {ch} \"analysis\" {msg} /(?s:.*)/ {end} {st} \"assistant\"\n",
+                    ch = lit(&h.channel),
+                    msg = lit(&h.message),
+                    end = lit(&h.end),
+                    st = lit(&h.start),
+                ),
             ),
         }
     }

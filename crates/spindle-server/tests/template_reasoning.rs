@@ -207,3 +207,61 @@ fn json_grammars_leave_reasoning_models_their_thinking() {
         assert!(!grammar_takes(&tok, &lark, answer));
     }
 }
+
+/// `tool_choice` required (or a named function) on a reasoning model: the
+/// call grammar lets the reply think first, then holds it to a call; the
+/// call alone is taken too, and an answer instead of a call is not.
+#[test]
+fn required_calls_leave_reasoning_models_their_thinking() {
+    use spindle_model::chat_template::ChatTemplate;
+    use spindle_server::tools::{Function, ToolFormat};
+    let refs = reference();
+    let weather = Function {
+        name: "get_weather".into(),
+        description: None,
+        parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    };
+    let wrapped = |tok: &Tokenizer, family: &str, opened: bool| {
+        let source = refs["families"][family]["template"].as_str().unwrap();
+        let template = ChatTemplate::new(source).unwrap();
+        let format = ToolFormat::of(&template, tok);
+        let spindle_engine::constraint::Grammar::Lark(calls) =
+            format.call_grammar(&[&weather], false)
+        else {
+            panic!("{format:?}: a Lark call grammar");
+        };
+        ReasoningFormat::of(tok)
+            .unwrap()
+            .calls_after_thinking(calls.strip_prefix("start:").unwrap(), opened)
+    };
+    if let Some(tok) = tokenizer_or_skip(&refs, "qwen3") {
+        let lark = wrapped(&tok, "qwen3", false);
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let thought = format!("<think>\nThe user wants the weather.\n</think>\n\n{call}");
+        assert!(grammar_takes(&tok, &lark, &thought), "{lark}");
+        assert!(grammar_takes(&tok, &lark, call));
+        assert!(!grammar_takes(
+            &tok,
+            &lark,
+            "<think>\nHm.\n</think>\n\nIt is sunny."
+        ));
+        let opened = wrapped(&tok, "qwen3", true);
+        assert!(grammar_takes(&tok, &opened, &thought["<think>".len()..]));
+    }
+    if let Some(tok) = tokenizer_or_skip(&refs, "gpt_oss") {
+        let lark = wrapped(&tok, "gpt_oss", false);
+        let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+        let analysis =
+            "<|channel|>analysis<|message|>The user wants the weather.<|end|><|start|>assistant";
+        assert!(
+            grammar_takes(&tok, &lark, &format!("{analysis}{call}")),
+            "{lark}"
+        );
+        assert!(grammar_takes(&tok, &lark, call));
+        assert!(!grammar_takes(
+            &tok,
+            &lark,
+            &format!("{analysis}<|channel|>final<|message|>It is sunny.")
+        ));
+    }
+}

@@ -252,6 +252,26 @@ def check(family):
             args = "".join(c.function.arguments or "" for c in calls)
             assert json.loads(args) == {"city": "Paris"}, args
             print(f"{family}: thinking then a call: reasoning_content and tool_calls")
+
+            # tool_choice required: the grammar lets the reply think first
+            # (the random model may or may not), then holds it to a call; a
+            # finished reply is a call, its thinking apart; without the split,
+            # the call at once.
+            for fmt in ("auto", "none"):
+                r = client.chat.completions.create(
+                    model=name, messages=question, tools=tools, tool_choice="required",
+                    max_tokens=300, temperature=0, extra_body={"reasoning_format": fmt})
+                m = r.choices[0].message
+                thought = (m.model_extra or {}).get("reasoning_content")
+                print(f"{family} tool_choice required, reasoning_format {fmt}: finish "
+                      f"{r.choices[0].finish_reason}, thinking {len(thought or '')} chars, "
+                      f"calls {[c.function.name for c in m.tool_calls or []]}")
+                if r.choices[0].finish_reason != "length":
+                    assert [c.function.name for c in m.tool_calls] == ["get_weather"], m
+                    assert isinstance(json.loads(m.tool_calls[0].function.arguments), dict), m
+                    assert not m.content, m
+                if fmt == "none":
+                    assert thought is None, m
         finally:
             server.kill()
             server.wait()
