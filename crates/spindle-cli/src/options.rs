@@ -401,14 +401,17 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 /// The text of a file given with `flag`, `-` being standard input; a
 /// failure names the flag.
 pub fn read_text_arg(flag: &str, path: &Path) -> Result<String> {
-    if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut s)
-            .context("cannot read standard input")?;
-        return Ok(s);
-    }
-    check_path_exists(flag, path)?;
-    std::fs::read_to_string(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
+    String::from_utf8(read_bytes_arg(flag, path)?).map_err(|e| {
+        let source = if path == Path::new("-") {
+            "standard input".to_string()
+        } else {
+            format!("{flag} {}", path.display())
+        };
+        anyhow!(
+            "{source} is not UTF-8 text (byte {} is not): convert it to UTF-8 first",
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// The bytes of `path` (`-`: standard input), UTF-8 or not: for

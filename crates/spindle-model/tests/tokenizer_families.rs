@@ -173,10 +173,7 @@ fn every_vocab_only_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
     let mut placeholder_off = 0;
     let mut deviations_seen = std::collections::HashSet::new();
     for (family, f) in refs["families"].as_object().unwrap() {
-        let path = vocab_gguf_dir().join(format!("{family}.gguf"));
-        // The loader `spindle tokenize -m FILE` uses: a GGUF without tensors.
-        let hint = "python3 scripts/make_vocab_ggufs.py";
-        let Some(tok) = load_or_skip(family, &path, &path, hint) else {
+        let Some(tok) = load_vocab_gguf(family) else {
             continue;
         };
         checked += 1;
@@ -249,12 +246,7 @@ fn every_vocab_only_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
             "{family} {text:?}: llama.cpp agrees with the tokenizers library now; drop it from the list"
         );
     }
-    assert!(
-        failures.is_empty(),
-        "{} checks differ from llama.cpp:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_none_differ(&failures);
 }
 
 /// gpt-oss (the harmony format) ends each message with `<|end|>` and a turn
@@ -290,6 +282,22 @@ fn gpt_oss_stops_at_the_end_of_a_turn_not_of_a_message() {
             path.display()
         );
     }
+}
+
+/// The vocab-only GGUF of `family` through the loader `spindle tokenize -m
+/// FILE` uses (a GGUF without tensors); `None` as [`load_or_skip`].
+fn load_vocab_gguf(family: &str) -> Option<spindle_model::tokenizer::Tokenizer> {
+    let path = vocab_gguf_dir().join(format!("{family}.gguf"));
+    load_or_skip(family, &path, &path, "python3 scripts/make_vocab_ggufs.py")
+}
+
+fn assert_none_differ(failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{} checks differ from llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 fn vocab_gguf_refs() -> Value {
@@ -349,20 +357,13 @@ fn bytes_that_are_not_utf8_tokenize_as_llama_cpp_does() {
         if PLACEHOLDER_SCORES.contains(&family.as_str()) {
             continue;
         }
-        let path = vocab_gguf_dir().join(format!("{family}.gguf"));
-        let hint = "python3 scripts/make_vocab_ggufs.py";
-        let Some(tok) = load_or_skip(family, &path, &path, hint) else {
+        let Some(tok) = load_vocab_gguf(family) else {
             continue;
         };
         checked += check_byte_cases(family, &tok, f, &mut failures);
     }
     eprintln!("{checked} byte cases checked");
-    assert!(
-        failures.is_empty(),
-        "{} checks differ from llama.cpp:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_none_differ(&failures);
 }
 
 /// The default model's own GGUF (Gemma 3's SentencePiece vocabulary, which
@@ -401,10 +402,5 @@ fn the_gemma3_gguf_tokenizes_the_corpus_as_llama_cpp_does() {
         }
     }
     check_byte_cases("gemma3", &tok, g, &mut failures);
-    assert!(
-        failures.is_empty(),
-        "{} checks differ from llama.cpp:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_none_differ(&failures);
 }
