@@ -10,7 +10,6 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{json, Value};
-use spindle_engine::constraint::Grammar;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -20,9 +19,8 @@ use crate::error::ApiError;
 use crate::generation::{self, DraftCounts, GrammarFrame, Job};
 use crate::keys::tenant;
 use crate::models::check_model;
-use crate::openai::{ChatRequest, CompletionRequest, ResponseFormat};
+use crate::openai::{ChatRequest, CompletionRequest};
 use crate::prompts::{chat_prompt, completion_prompt, echo_text, template_kwargs};
-use crate::reasoning::ReasoningFormat;
 use crate::replies::{choice_json, usage, Kind};
 use crate::tools::{ReplyWatch, ToolRequest};
 use crate::Shared;
@@ -100,30 +98,12 @@ pub(crate) async fn chat_completions(
             ))
         }
     };
-    // A JSON reply (`response_format`, `json_schema`) of a reasoning model
-    // may think first: its grammar is wrapped, and the reply read from its
-    // start as any other.
+    // A call or a JSON reply of a reasoning model may think first: its
+    // grammar is wrapped, and the reply read from its start as any other.
     let opened = reasoning.is_some_and(|r| r.opened_by(&state.tokenizer, &prompt));
-    let json_asked = req.sampling.json_schema.is_some()
-        || matches!(
-            req.sampling.response_format,
-            Some(ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. })
-        );
-    let wraps_json = reasoning.is_some() && json_asked && tool_grammar.is_none();
-    let wrap = |json: &str| {
-        reasoning
-            .map(|r| r.json_after_thinking(json, opened))
-            .unwrap_or_default()
-    };
-    // A required call too: the model may think before it calls.
-    let wrapped_calls = match (reasoning, &tool_grammar) {
-        (Some(r), Some(g)) => calls_after_thinking(r, g, opened),
-        _ => None,
-    };
-    let wraps_calls = wrapped_calls.is_some();
     let frame = GrammarFrame {
-        tools: wrapped_calls.or(tool_grammar),
-        reasoning: wraps_json.then_some(&wrap as &dyn Fn(&str) -> String),
+        tools: tool_grammar,
+        thinking: reasoning.map(|r| (r, opened)),
     };
     let mut job = generation::build_job(
         &state,
@@ -139,9 +119,9 @@ pub(crate) async fn chat_completions(
         ReplyWatch::new(state.tool_format.clone(), names, required)
     });
     job.reasoning = reasoning.map(|r| {
-        // A grammar decides where a reply starts, unless it is the wrapped
+        // A grammar decides where a reply starts, unless it is a wrapped
         // one, which starts where the prompt left off.
-        let constrained = job.params.constraint.is_some() && !wraps_json && !wraps_calls;
+        let constrained = job.params.constraint.is_some() && !job.thinks_first;
         r.split(
             &state.tokenizer,
             &job.prompt,
@@ -150,17 +130,6 @@ pub(crate) async fn chat_completions(
         )
     });
     respond(state, job, &req.sampling, Kind::Chat, None, access).await
-}
-
-/// The grammar of a required call `calls` for a reasoning model, which may
-/// think first ([`ReasoningFormat::calls_after_thinking`]); `None` for a
-/// grammar that cannot be composed (left as it is).
-fn calls_after_thinking(r: &ReasoningFormat, calls: &Grammar, opened: bool) -> Option<Grammar> {
-    let lark = match calls {
-        Grammar::Lark(l) => r.calls_after_thinking(l.strip_prefix("start:")?, opened),
-        json => r.json_after_thinking(&json.json_lark()?, opened),
-    };
-    Some(Grammar::Lark(lark))
 }
 
 async fn respond(

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::access::Access;
 use crate::error::ApiError;
 use crate::openai::{ResponseFormat, SamplingFields};
-use crate::reasoning::ReasoningSplit;
+use crate::reasoning::{ReasoningFormat, ReasoningSplit};
 use crate::text::TextStream;
 use crate::tools::{ParsedCall, ReplyWatch};
 use crate::AppState;
@@ -39,6 +39,9 @@ pub struct Job {
     pub watch: Option<ReplyWatch>,
     /// Reads a reasoning model's thinking out of each choice (chat).
     pub reasoning: Option<ReasoningSplit>,
+    /// The grammar lets the reply think before what it holds it to (so the
+    /// reply starts where the prompt left off, as an unconstrained one).
+    pub thinks_first: bool,
     /// The request's access-log entry, which each choice adds its tokens to.
     pub access: Option<Access>,
 }
@@ -106,10 +109,10 @@ pub enum Piece {
 pub struct GrammarFrame<'a> {
     /// The grammar a required or named tool call imposes.
     pub tools: Option<Grammar>,
-    /// For a reasoning model: wraps a JSON output grammar (a Lark `%json`
-    /// item) so that the reply may think before it
-    /// ([`crate::reasoning::ReasoningFormat::json_after_thinking`]).
-    pub reasoning: Option<&'a dyn Fn(&str) -> String>,
+    /// A reasoning model's format, and whether the prompt opened its
+    /// thinking: a call's or a JSON reply's grammar then lets the reply
+    /// think first ([`ReasoningFormat::after_thinking`]).
+    pub thinking: Option<(&'a ReasoningFormat, bool)>,
 }
 
 /// Turns the shared sampling fields into engine parameters, checking every
@@ -238,7 +241,7 @@ pub fn build_job(
         ..SamplerConfig::default()
     };
     refuse_unhonoured(f)?;
-    let constraint = constraint(state, f, frame)?;
+    let (constraint, thinks_first) = constraint(state, f, frame)?;
     let stop_ids = if f.ignore_eos.unwrap_or(false) {
         Vec::new()
     } else {
@@ -260,6 +263,7 @@ pub fn build_job(
         tenant: f.user.clone().unwrap_or(tenant),
         watch: None,
         reasoning: None,
+        thinks_first,
         access: None,
     })
 }
@@ -322,12 +326,12 @@ pub fn refuse_tools(f: &SamplingFields) -> Result<(), ApiError> {
 /// The grammar a request asks for (`response_format`, one of llama.cpp's
 /// `json_schema`, `grammar` and `regex`, or a required tool call),
 /// compiled: a grammar that does not compile is a 400 with the reason,
-/// before anything runs.
+/// before anything runs. With whether it lets the reply think first.
 fn constraint(
     state: &AppState,
     f: &SamplingFields,
     frame: GrammarFrame<'_>,
-) -> Result<Option<Constraint>, ApiError> {
+) -> Result<(Option<Constraint>, bool), ApiError> {
     let mut asked = Vec::new();
     if let Some(g) = frame.tools {
         asked.push(("tools", g));
@@ -355,7 +359,7 @@ fn constraint(
         asked.push(("regex", Grammar::Regex(r.clone())));
     }
     let (param, mut grammar) = match asked.len() {
-        0 => return Ok(None),
+        0 => return Ok((None, false)),
         1 => asked.pop().expect("one"),
         _ => {
             let names: Vec<&str> = asked.iter().map(|a| a.0).collect();
@@ -368,9 +372,17 @@ fn constraint(
             ));
         }
     };
-    // A reasoning model thinks first, then writes the JSON asked for.
-    if let (Some(wrap), Some(json)) = (frame.reasoning, grammar.json_lark()) {
-        grammar = Grammar::Lark(wrap(&json));
+    // A reasoning model thinks first, then calls or writes the JSON asked
+    // for (a grammar of its own, `grammar` or `regex`, is taken as given).
+    let wrapped = match frame.thinking {
+        Some((format, opened)) if param == "tools" || grammar.json_lark().is_some() => {
+            format.after_thinking(&grammar, opened)
+        }
+        _ => None,
+    };
+    let thinks_first = wrapped.is_some();
+    if let Some(g) = wrapped {
+        grammar = g;
     }
     let compiler = state.grammars.as_ref().ok_or_else(|| {
         ApiError::invalid(
@@ -380,7 +392,7 @@ fn constraint(
     })?;
     compiler
         .compile(&grammar)
-        .map(Some)
+        .map(|c| (Some(c), thinks_first))
         .map_err(|e| ApiError::invalid(param, e.to_string()))
 }
 

@@ -19,6 +19,7 @@
 
 use std::sync::Arc;
 
+use spindle_engine::constraint::Grammar;
 use spindle_model::tokenizer::Tokenizer;
 
 use crate::tools::{HarmonyMarkers, Marker};
@@ -102,6 +103,19 @@ impl ReasoningFormat {
     pub fn calls_after_thinking(&self, calls: &str, opened: bool) -> String {
         let (before, rules) = self.thinking(opened);
         format!("start: {before} calls\n{rules}calls:{calls}")
+    }
+
+    /// `grammar` (a call's, or a JSON reply's) wrapped so that the reply may
+    /// think first: a Lark grammar through
+    /// [`ReasoningFormat::calls_after_thinking`], a JSON one through
+    /// [`ReasoningFormat::json_after_thinking`]; `None` for one that cannot
+    /// be composed (a regex, a Lark grammar not led by its `start` rule).
+    pub fn after_thinking(&self, grammar: &Grammar, opened: bool) -> Option<Grammar> {
+        let lark = match grammar {
+            Grammar::Lark(l) => self.calls_after_thinking(l.strip_prefix("start:")?, opened),
+            json => self.json_after_thinking(&json.json_lark()?, opened),
+        };
+        Some(Grammar::Lark(lark))
     }
 
     /// What may come before the answer in `start`, and the rules it names.
