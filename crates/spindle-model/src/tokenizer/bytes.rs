@@ -169,9 +169,9 @@ impl Tokenizer {
         let (mut i, mut next) = (0, cut.iter());
         while i < ids.len() {
             if ids[i..].starts_with(&placeholder.ids) {
-                let b = next.next().ok_or_else(lost)?;
+                let b = next.next().ok_or(TokenizerError::NoByteTokens)?;
                 for &byte in *b {
-                    out.push(self.byte_id(byte).ok_or_else(lost)?);
+                    out.push(self.byte_id(byte).ok_or(TokenizerError::NoByteTokens)?);
                 }
                 i += placeholder.ids.len();
             } else {
@@ -180,7 +180,7 @@ impl Tokenizer {
             }
         }
         if next.next().is_some() {
-            return Err(lost());
+            return Err(TokenizerError::NoByteTokens);
         }
         Ok(out)
     }
@@ -196,10 +196,10 @@ impl Tokenizer {
         const FROM: char = '\u{E000}';
         const TO: char = '\u{E0FF}';
         let mut used = std::collections::HashSet::new();
-        let texts = symbols.iter().filter_map(|s| s.ok().map(str::to_string));
-        let pieces = (0..self.vocab_size() as u32).filter_map(|id| self.id_to_token(id));
-        for t in texts.chain(pieces) {
-            used.extend(t.chars().filter(|c| (FROM..=TO).contains(c)));
+        let mut note = |t: &str| used.extend(t.chars().filter(|c| (FROM..=TO).contains(c)));
+        symbols.iter().filter_map(|s| s.ok()).for_each(&mut note);
+        for id in 0..self.vocab_size() as u32 {
+            note(&self.id_to_token(id).unwrap_or_default());
         }
         let ch = (FROM..=TO).find(|ch| !used.contains(ch))?;
         let mut buf = [0u8; 4];
@@ -216,12 +216,6 @@ struct Placeholder {
     ch: char,
     /// Its byte tokens.
     ids: Vec<u32>,
-}
-
-/// A placeholder that did not come out as its byte tokens (a vocabulary
-/// without byte fallback).
-fn lost() -> TokenizerError {
-    TokenizerError::NoByteTokens
 }
 
 #[cfg(test)]
