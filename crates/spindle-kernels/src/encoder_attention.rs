@@ -2,7 +2,7 @@
 //! every row sees every row of its own sequence and nothing else.
 //!
 //! One head of one sequence at a time, from contiguous per-head copies: the
-//! queries and values row by row, the keys transposed (`kt[c * len + j]`),
+//! queries and values row by row, the keys transposed (`kt[c * keys_stride(len) + j]`),
 //! so that both inner loops are plain `y += a * x` over a row and vectorise
 //! without reordering a sum. Each score is summed over the head's
 //! dimensions in index order, the exponentials in 8 lanes reduced by
@@ -29,7 +29,7 @@ pub struct HeadShape {
 compiled_per_isa! {
     /// `out[i] = softmax_j(scale * q[i] · k[j]) · v` for the `len` rows of one
     /// head: row `i` of `q`, `v` and `out` starts at `i` times its stride and
-    /// is `head_dim` long, `kt` is `head_dim x len`, `scores` at least
+    /// is `head_dim` long, `kt` is `head_dim x keys_stride(len)`, `scores` at least
     /// [`scores_len`] long (scratch).
     pub fn full_attention_head(
         q: &[f32],
@@ -59,34 +59,33 @@ fn full_attention_head_body(
         out_stride,
     } = shape;
     let end = |stride: usize| (len - 1) * stride + head_dim;
+    // Keys padded to whole blocks: the padding's scores are computed with
+    // the rest and never read.
+    let keys = keys_stride(len);
     assert!(len > 0 && q.len() >= end(q_stride) && v.len() >= end(v_stride));
-    assert!(kt.len() >= len * head_dim && out.len() >= end(out_stride));
-    assert!(scores.len() >= QUERIES * len);
+    assert!(kt.len() >= keys * head_dim && out.len() >= end(out_stride));
+    assert!(scores.len() >= QUERIES * keys);
     // Queries in groups of four: each key or value row is loaded once for
     // the group, while each query's sums keep their own order.
     let mut i = 0;
     while i < len {
         let g = (len - i).min(QUERIES);
-        let (s0, rest) = scores.split_at_mut(len);
-        let (s1, rest) = rest.split_at_mut(len);
-        let (s2, rest) = rest.split_at_mut(len);
-        let s3 = &mut rest[..len];
+        let (s0, rest) = scores.split_at_mut(keys);
+        let (s1, rest) = rest.split_at_mut(keys);
+        let (s2, rest) = rest.split_at_mut(keys);
+        let s3 = &mut rest[..keys];
         let mut s = [s0, s1, s2, s3];
-        for row in s.iter_mut() {
-            row.fill(0.0);
-        }
         let qs: [&[f32]; QUERIES] = std::array::from_fn(|t| {
             let at = (i + t.min(g - 1)) * q_stride;
             &q[at..at + head_dim]
         });
         // Keys in blocks of 16 whose sums stay in registers while the
-        // dimensions go by; the rest one slice at a time. Either way each
-        // score is summed over the dimensions in order.
-        let full = len / BLOCK * BLOCK;
-        for jb in (0..full).step_by(BLOCK) {
+        // dimensions go by: each score is summed over the dimensions in
+        // order.
+        for jb in (0..keys).step_by(BLOCK) {
             let mut acc = [[0.0f32; BLOCK]; QUERIES];
             for c in 0..head_dim {
-                let k: &[f32; BLOCK] = kt[c * len + jb..c * len + jb + BLOCK]
+                let k: &[f32; BLOCK] = kt[c * keys + jb..c * keys + jb + BLOCK]
                     .try_into()
                     .expect("a block");
                 for (a, qt) in acc.iter_mut().zip(&qs) {
@@ -100,30 +99,18 @@ fn full_attention_head_body(
                 row[jb..jb + BLOCK].copy_from_slice(a);
             }
         }
-        let [a0, a1, a2, a3] = &mut s;
-        for c in 0..head_dim {
-            let kc = &kt[c * len + full..(c + 1) * len];
-            let (q0, q1, q2, q3) = (qs[0][c], qs[1][c], qs[2][c], qs[3][c]);
-            for ((((x0, x1), x2), x3), &k) in a0[full..]
-                .iter_mut()
-                .zip(a1[full..].iter_mut())
-                .zip(a2[full..].iter_mut())
-                .zip(a3[full..].iter_mut())
-                .zip(kc)
-            {
-                *x0 += q0 * k;
-                *x1 += q1 * k;
-                *x2 += q2 * k;
-                *x3 += q3 * k;
-            }
-        }
         let mut inv = [0.0f32; QUERIES];
         for (row, inv) in s.iter_mut().zip(inv.iter_mut()) {
-            let mut max = f32::NEG_INFINITY;
-            for x in row.iter_mut() {
-                *x *= scale;
-                max = max.max(*x);
+            let row = &mut row[..len];
+            // The maximum in 16 lanes (exact in any order, so vectorised).
+            let mut lanes = [f32::NEG_INFINITY; BLOCK];
+            for chunk in row.chunks_mut(BLOCK) {
+                for (l, x) in lanes.iter_mut().zip(chunk) {
+                    *x *= scale;
+                    *l = l.max(*x);
+                }
             }
+            let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
             let mut lanes = [0.0f32; 8];
             for chunk in row.chunks_mut(8) {
                 for (l, x) in lanes.iter_mut().zip(chunk) {
@@ -159,7 +146,7 @@ fn full_attention_head_body(
             for t in 0..g {
                 let ot = &mut out[(i + t) * out_stride..(i + t) * out_stride + head_dim];
                 ot.fill(0.0);
-                for (j, &p) in s[t].iter().enumerate() {
+                for (j, &p) in s[t][..len].iter().enumerate() {
                     for (y, &x) in ot.iter_mut().zip(row(j)) {
                         *y += p * x;
                     }
@@ -180,7 +167,14 @@ const BLOCK: usize = 16;
 
 /// Scratch `scores` must hold this many values for a text of `len` rows.
 pub fn scores_len(len: usize) -> usize {
-    QUERIES * len
+    QUERIES * keys_stride(len)
+}
+
+/// The length of each row of `kt` (`head_dim` rows) for a text of `len`
+/// rows: keys padded to a whole number of blocks (the padding's values are
+/// never used).
+pub fn keys_stride(len: usize) -> usize {
+    len.next_multiple_of(BLOCK)
 }
 
 #[cfg(test)]
@@ -211,10 +205,12 @@ mod tests {
         let q = data(len * d, 1);
         let k = data(len * d, 2);
         let v = data(len * d, 3);
-        let mut kt = vec![0.0; len * d];
+        let keys = keys_stride(len);
+        // The padding is never read: NaN there would show.
+        let mut kt = vec![f32::NAN; keys * d];
         for j in 0..len {
             for c in 0..d {
-                kt[c * len + j] = k[j * d + c];
+                kt[c * keys + j] = k[j * d + c];
             }
         }
         let shape = HeadShape {

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod cpu;
 pub mod encoder_attention;
 pub mod error;
+pub mod float_panels;
 pub mod head_screen;
 pub mod int8_peak;
 pub mod matmul;

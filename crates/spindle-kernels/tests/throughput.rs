@@ -13,6 +13,7 @@ use common::{random_acts, random_weights};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spindle_formats::storage::Storage;
+use spindle_kernels::float_panels::{matmul_panels, PanelMatrix};
 use spindle_kernels::matmul::matmul_with_isa;
 use spindle_kernels::quant::vertical::{to_vertical, vertical_supported};
 use spindle_kernels::simd::detected_isa;
@@ -379,6 +380,40 @@ fn encoder_rows_throughput() {
             bench(&pool, ty, rows, cols, 512, 0.5);
         }
     }
+    for (rows, cols) in [(384, 384), (1536, 384), (384, 1536)] {
+        bench_panels(&pool, rows, cols, 512, 0.5);
+    }
+}
+
+/// [`bench`] for the packed float matmul encoders run (`float_panels`).
+fn bench_panels(pool: &ThreadPool, rows: usize, cols: usize, n: usize, min_secs: f64) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let w = random_weights(&mut rng, GgmlType::F32, rows, cols);
+    let x = random_acts(&mut rng, n, cols);
+    let m = PanelMatrix::from_rows(rows, cols, |r, dst: &mut [f32]| {
+        for (d, b) in dst.iter_mut().zip(w[r * cols * 4..].chunks_exact(4)) {
+            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    let mut out = vec![0.0f32; n * rows];
+    let isa = detected_isa();
+    matmul_panels(isa, &m, &x, n, &mut out, pool).unwrap();
+    let start = Instant::now();
+    let (mut iters, mut best) = (0u32, f64::MAX);
+    while iters < 5 || start.elapsed().as_secs_f64() < min_secs {
+        let t = Instant::now();
+        matmul_panels(isa, &m, &x, n, &mut out, pool).unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+        iters += 1;
+    }
+    println!(
+        "{isa} {threads}t panels {rows:>6}x{cols:<5} n={n:<4} best {ms:8.3} ms  {gmacs:7.2} GMAC/s",
+        threads = pool.n_threads(),
+        ms = best * 1e3,
+        gmacs = (rows * cols * n) as f64 / best / 1e9,
+    );
 }
 
 /// One matmul shape on one thread, for profiling: `SPINDLE_BENCH_SHAPE=TYPE,ROWS,COLS,N`

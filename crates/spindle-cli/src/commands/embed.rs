@@ -154,7 +154,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         embedder.name,
         pooling.name(),
         spindle_kernels::simd::detected_isa(),
-        embedder.encoder.weights.layers[0].up.ty,
+        embedder.encoder.weights.layers[0].up.ty(),
     );
     Ok(())
 }

@@ -3,8 +3,9 @@
 //!
 //! The decoder's `Model` runs causal rows against a KV cache; an encoder
 //! reads each text whole, every row seeing every other row of its text, and
-//! keeps nothing between passes. It shares the decoder's kernels (matmul,
-//! with the same per-row bit-identity) but not its pass.
+//! keeps nothing between passes. It shares the decoder's int8 kernels for
+//! quantized weights and multiplies float ones with its own packed kernel
+//! (`float_panels`); both give a row the same bits whatever shares its pass.
 
 mod config;
 mod pass;
@@ -135,7 +136,7 @@ impl Encoder {
             }
             None => cls,
         };
-        let labels = head.out.rows;
+        let labels = head.out.rows();
         let mut out = vec![0.0f32; n * labels];
         self.linear(&head.out, &head.out_bias, &pooled, n, &mut out)?;
         Ok(out.chunks_exact(labels).map(<[f32]>::to_vec).collect())

@@ -8,14 +8,13 @@
 use std::ops::Range;
 
 use spindle_kernels::activation::gelu_erf;
-use spindle_kernels::encoder_attention::{full_attention_head, scores_len, HeadShape};
+use spindle_kernels::encoder_attention::{full_attention_head, keys_stride, scores_len, HeadShape};
 use spindle_kernels::norm::layer_norm_inplace;
 
-use super::weights::EncoderLayer;
+use super::weights::{EncoderLayer, EncoderMatrix};
 use super::Encoder;
 use crate::error::ModelError;
 use crate::parallel::{for_each_task, DisjointChunks};
-use crate::weights::Matrix;
 
 /// A text's ids and segments, as the tokenizer gave them.
 #[derive(Debug, Clone, Copy)]
@@ -155,30 +154,42 @@ impl Encoder {
     }
 
     /// `out = x · mᵀ` for `n` rows.
-    fn matmul(&self, m: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
-        spindle_kernels::matmul::matmul_with(
-            self.isa,
-            Default::default(),
-            &m.view(),
-            x,
-            n,
-            &mut out[..n * m.rows],
-            &self.pool,
-        )?;
+    fn matmul(
+        &self,
+        m: &EncoderMatrix,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let out = &mut out[..n * m.rows()];
+        match m {
+            EncoderMatrix::Panels { m, .. } => {
+                spindle_kernels::float_panels::matmul_panels(self.isa, m, x, n, out, &self.pool)?
+            }
+            EncoderMatrix::Quantized(m) => spindle_kernels::matmul::matmul_with(
+                self.isa,
+                Default::default(),
+                &m.view(),
+                x,
+                n,
+                out,
+                &self.pool,
+            )?,
+        }
         Ok(())
     }
 
     /// `out = x · mᵀ + bias` for `n` rows.
     pub(super) fn linear(
         &self,
-        m: &Matrix,
+        m: &EncoderMatrix,
         bias: &[f32],
         x: &[f32],
         n: usize,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         self.matmul(m, x, n, out)?;
-        self.rows_parallel(&mut out[..n * m.rows], m.rows, |_, row| {
+        self.rows_parallel(&mut out[..n * m.rows()], m.rows(), |_, row| {
             for (v, &b) in row.iter_mut().zip(bias) {
                 *v += b;
             }
@@ -212,7 +223,8 @@ impl Encoder {
         for_each_task(&self.pool, spans.len(), |t| {
             let span = spans[t].clone();
             let len = span.len();
-            let mut kt = vec![0.0f32; len * d];
+            let keys = keys_stride(len);
+            let mut kt = vec![0.0f32; keys * d];
             let mut scores = vec![0.0f32; scores_len(len)];
             // SAFETY: the text's rows are one run of whole chunks (rows),
             // and each text is one task.
@@ -231,7 +243,7 @@ impl Encoder {
                 for i in 0..len {
                     let k = &base[i * 3 * h + h + at..i * 3 * h + h + at + d];
                     for (ch, &kv) in k.iter().enumerate() {
-                        kt[ch * len + i] = kv;
+                        kt[ch * keys + i] = kv;
                     }
                 }
                 full_attention_head(

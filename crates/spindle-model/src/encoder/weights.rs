@@ -3,23 +3,66 @@
 
 use half::f16;
 use spindle_formats::{GgmlType, GgufFile, SafetensorsModel, TensorBytes};
+use spindle_kernels::float_panels::PanelMatrix;
 use spindle_kernels::WeightLayout;
 
 use super::config::EncoderConfig;
 use crate::error::ModelError;
 use crate::weights::Matrix;
 
+/// A matrix as an encoder pass multiplies it: float weights (F32, F16,
+/// BF16) widened to f32 and packed for `float_panels` (near the FMA peak at
+/// an encoder's batch sizes, the same bits on every ISA), others as loaded
+/// for the int8 kernels.
+pub enum EncoderMatrix {
+    Panels { from: GgmlType, m: PanelMatrix },
+    Quantized(Matrix),
+}
+
+impl EncoderMatrix {
+    /// `m` in its pass form.
+    fn new(m: Matrix) -> Result<EncoderMatrix, ModelError> {
+        if !matches!(m.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            return Ok(EncoderMatrix::Quantized(m));
+        }
+        let row_bytes = m.data.len() / m.rows.max(1);
+        let packed = PanelMatrix::from_rows(m.rows, m.cols, |r, dst| {
+            spindle_kernels::dequantize(m.ty, &m.data[r * row_bytes..(r + 1) * row_bytes], dst)
+        })?;
+        Ok(EncoderMatrix::Panels {
+            from: m.ty,
+            m: packed,
+        })
+    }
+
+    /// The type the weights came in (or were converted to).
+    pub fn ty(&self) -> GgmlType {
+        match self {
+            EncoderMatrix::Panels { from, .. } => *from,
+            EncoderMatrix::Quantized(m) => m.ty,
+        }
+    }
+
+    /// Outputs per row.
+    pub fn rows(&self) -> usize {
+        match self {
+            EncoderMatrix::Panels { m, .. } => m.rows(),
+            EncoderMatrix::Quantized(m) => m.rows,
+        }
+    }
+}
+
 /// One encoder layer. Q, K and V are one matrix (`qkv`: rows Q, then K,
 /// then V), so a layer runs one matmul for all three.
 pub struct EncoderLayer {
-    pub qkv: Matrix,
+    pub qkv: EncoderMatrix,
     pub qkv_bias: Vec<f32>,
-    pub out: Matrix,
+    pub out: EncoderMatrix,
     pub out_bias: Vec<f32>,
     pub attn_norm: (Vec<f32>, Vec<f32>),
-    pub up: Matrix,
+    pub up: EncoderMatrix,
     pub up_bias: Vec<f32>,
-    pub down: Matrix,
+    pub down: EncoderMatrix,
     pub down_bias: Vec<f32>,
     pub out_norm: (Vec<f32>, Vec<f32>),
 }
@@ -29,8 +72,8 @@ pub struct EncoderLayer {
 /// may have none: the classifier then reads the `[CLS]` row itself, as
 /// llama.cpp computes it.
 pub struct Classifier {
-    pub pooler: Option<(Matrix, Vec<f32>)>,
-    pub out: Matrix,
+    pub pooler: Option<(EncoderMatrix, Vec<f32>)>,
+    pub out: EncoderMatrix,
     pub out_bias: Vec<f32>,
 }
 
@@ -154,7 +197,7 @@ impl EncoderWeights {
             let mut qkv_bias = src.values(&g("attn_q.bias"), &f("attention.self.query.bias"), h)?;
             qkv_bias.extend(src.values(&g("attn_k.bias"), &f("attention.self.key.bias"), h)?);
             qkv_bias.extend(src.values(&g("attn_v.bias"), &f("attention.self.value.bias"), h)?);
-            let prep = |m: Matrix| convert(m, quantize);
+            let prep = |m: Matrix| EncoderMatrix::new(convert(m, quantize)?);
             layers.push(EncoderLayer {
                 qkv: prep(stack(&g("attn_qkv.weight"), &[q, k, v])?)?,
                 qkv_bias,
@@ -193,11 +236,21 @@ impl EncoderWeights {
                 pooler: match src {
                     EncoderSource::Gguf(g) if g.tensor("cls.weight").is_none() => None,
                     _ => Some((
-                        src.matrix("cls.weight", "pooler.dense.weight", h, h)?,
+                        EncoderMatrix::new(src.matrix(
+                            "cls.weight",
+                            "pooler.dense.weight",
+                            h,
+                            h,
+                        )?)?,
                         src.values("cls.bias", "pooler.dense.bias", h)?,
                     )),
                 },
-                out: src.matrix("cls.output.weight", "classifier.weight", labels, h)?,
+                out: EncoderMatrix::new(src.matrix(
+                    "cls.output.weight",
+                    "classifier.weight",
+                    labels,
+                    h,
+                )?)?,
                 out_bias: src.values("cls.output.bias", "classifier.bias", labels)?,
             }),
         };
