@@ -26,12 +26,50 @@ pub struct HeadShape {
     pub out_stride: usize,
 }
 
+/// `out[i] = softmax_j(scale * q[i] · k[j]) · v` for the `len` rows of one
+/// head: row `i` of `q`, `v` and `out` starts at `i` times its stride and
+/// is `head_dim` long, `kt` is `head_dim x keys_stride(len)`, `scores` at
+/// least [`scores_len`] long (scratch).
+pub fn full_attention_head(
+    isa: crate::simd::Isa,
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    shape: HeadShape,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    check_shapes(q, kt, v, shape, scores, out);
+    #[cfg(target_arch = "x86_64")]
+    if isa.uses_avx512() && shape.head_dim.is_multiple_of(BLOCK) {
+        // SAFETY: AVX-512 paths are chosen only on CPUs with AVX-512F/BW/VL;
+        // the buffers' sizes are checked above.
+        return unsafe { avx512::full_attention_head(q, kt, v, shape, scores, out) };
+    }
+    portable_full_attention_head(isa, q, kt, v, shape, scores, out);
+}
+
+/// Panics unless the buffers hold what [`full_attention_head`] reads and
+/// writes.
+fn check_shapes(q: &[f32], kt: &[f32], v: &[f32], shape: HeadShape, scores: &[f32], out: &[f32]) {
+    let HeadShape {
+        len,
+        head_dim,
+        q_stride,
+        v_stride,
+        out_stride,
+        ..
+    } = shape;
+    let end = |stride: usize| (len - 1) * stride + head_dim;
+    assert!(len > 0 && q.len() >= end(q_stride) && v.len() >= end(v_stride));
+    assert!(kt.len() >= keys_stride(len) * head_dim && out.len() >= end(out_stride));
+    assert!(scores.len() >= scores_len(len));
+    assert!(head_dim <= q_stride && head_dim <= v_stride && head_dim <= out_stride);
+}
+
 compiled_per_isa! {
-    /// `out[i] = softmax_j(scale * q[i] · k[j]) · v` for the `len` rows of one
-    /// head: row `i` of `q`, `v` and `out` starts at `i` times its stride and
-    /// is `head_dim` long, `kt` is `head_dim x keys_stride(len)`, `scores` at least
-    /// [`scores_len`] long (scratch).
-    pub fn full_attention_head(
+    /// [`full_attention_head`] in plain code, vectorised by the compiler.
+    fn portable_full_attention_head(
         q: &[f32],
         kt: &[f32],
         v: &[f32],
@@ -58,13 +96,9 @@ fn full_attention_head_body(
         v_stride,
         out_stride,
     } = shape;
-    let end = |stride: usize| (len - 1) * stride + head_dim;
     // Keys padded to whole blocks: the padding's scores are computed with
     // the rest and never read.
     let keys = keys_stride(len);
-    assert!(len > 0 && q.len() >= end(q_stride) && v.len() >= end(v_stride));
-    assert!(kt.len() >= keys * head_dim && out.len() >= end(out_stride));
-    assert!(scores.len() >= QUERIES * keys);
     // Queries in groups of four: each key or value row is loaded once for
     // the group, while each query's sums keep their own order.
     let mut i = 0;
@@ -99,27 +133,7 @@ fn full_attention_head_body(
                 row[jb..jb + BLOCK].copy_from_slice(a);
             }
         }
-        let mut inv = [0.0f32; QUERIES];
-        for (row, inv) in s.iter_mut().zip(inv.iter_mut()) {
-            let row = &mut row[..len];
-            // The maximum in 16 lanes (exact in any order, so vectorised).
-            let mut lanes = [f32::NEG_INFINITY; BLOCK];
-            for chunk in row.chunks_mut(BLOCK) {
-                for (l, x) in lanes.iter_mut().zip(chunk) {
-                    *x *= scale;
-                    *l = l.max(*x);
-                }
-            }
-            let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-            let mut lanes = [0.0f32; 8];
-            for chunk in row.chunks_mut(8) {
-                for (l, x) in lanes.iter_mut().zip(chunk) {
-                    *x = exp_nonpositive(*x - max);
-                    *l += *x;
-                }
-            }
-            *inv = 1.0 / tree8(&lanes);
-        }
+        let inv = softmax_rows(&mut s, len, scale);
         let row = |j: usize| &v[j * v_stride..j * v_stride + head_dim];
         if head_dim.is_multiple_of(BLOCK) {
             // Each block of 16 dimensions of the four outputs in registers
@@ -157,6 +171,210 @@ fn full_attention_head_body(
             }
         }
         i += g;
+    }
+}
+
+/// Each score row's first `len` scores scaled and turned into
+/// `exp(score - max)`; returns `1 / sum` of each row (summed in 8 lanes,
+/// reduced by `tree8`).
+#[inline(always)]
+fn softmax_rows(s: &mut [&mut [f32]; QUERIES], len: usize, scale: f32) -> [f32; QUERIES] {
+    let mut inv = [0.0f32; QUERIES];
+    for (row, inv) in s.iter_mut().zip(inv.iter_mut()) {
+        let row = &mut row[..len];
+        // The maximum in 16 lanes (exact in any order, so vectorised).
+        let mut lanes = [f32::NEG_INFINITY; BLOCK];
+        for chunk in row.chunks_mut(BLOCK) {
+            for (l, x) in lanes.iter_mut().zip(chunk) {
+                *x *= scale;
+                *l = l.max(*x);
+            }
+        }
+        let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+        let mut lanes = [0.0f32; 8];
+        for chunk in row.chunks_mut(8) {
+            for (l, x) in lanes.iter_mut().zip(chunk) {
+                *x = exp_nonpositive(*x - max);
+                *l += *x;
+            }
+        }
+        *inv = 1.0 / tree8(&lanes);
+    }
+    inv
+}
+
+/// The same operations in the same order as the portable body, its two
+/// loops written with AVX-512 intrinsics: scores for 32 keys and outputs
+/// for 32 dimensions at a time where the text and head allow (eight
+/// independent sums in registers), pointers instead of checked slices.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{keys_stride, softmax_rows, HeadShape, BLOCK, QUERIES};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512F/BW/VL available; buffers as `check_shapes` requires;
+    /// `head_dim` a multiple of 16.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn full_attention_head(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        shape: HeadShape,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let HeadShape {
+            len,
+            head_dim: d,
+            scale,
+            q_stride,
+            v_stride,
+            out_stride,
+        } = shape;
+        let keys = keys_stride(len);
+        let mut i = 0;
+        while i < len {
+            let g = (len - i).min(QUERIES);
+            let qs: [*const f32; QUERIES] =
+                std::array::from_fn(|t| q[(i + t.min(g - 1)) * q_stride..].as_ptr());
+            let sp = scores.as_mut_ptr();
+            let mut jb = 0;
+            // SAFETY (both loops): key blocks `jb..jb + 16 <= keys` of the
+            // `d` rows of `kt`, the first `d` values of query rows below
+            // `len`, score rows of `keys` values, value rows below `len`
+            // and output rows of the group: all inside the checked buffers.
+            unsafe {
+                while jb + 2 * BLOCK <= keys {
+                    score_block::<2>(&qs, kt.as_ptr().add(jb), keys, d, sp.add(jb), keys);
+                    jb += 2 * BLOCK;
+                }
+                if jb < keys {
+                    score_block::<1>(&qs, kt.as_ptr().add(jb), keys, d, sp.add(jb), keys);
+                }
+            }
+            let (s0, rest) = scores.split_at_mut(keys);
+            let (s1, rest) = rest.split_at_mut(keys);
+            let (s2, rest) = rest.split_at_mut(keys);
+            let mut s = [s0, s1, s2, &mut rest[..keys]];
+            let inv = softmax_rows(&mut s, len, scale);
+            let sp = scores.as_ptr();
+            let mut cb = 0;
+            unsafe {
+                while cb + 2 * BLOCK <= d {
+                    let o = out.as_mut_ptr().add(i * out_stride + cb);
+                    weigh_values::<2>(
+                        sp,
+                        keys,
+                        v.as_ptr().add(cb),
+                        v_stride,
+                        len,
+                        inv,
+                        g,
+                        o,
+                        out_stride,
+                    );
+                    cb += 2 * BLOCK;
+                }
+                if cb < d {
+                    let o = out.as_mut_ptr().add(i * out_stride + cb);
+                    weigh_values::<1>(
+                        sp,
+                        keys,
+                        v.as_ptr().add(cb),
+                        v_stride,
+                        len,
+                        inv,
+                        g,
+                        o,
+                        out_stride,
+                    );
+                }
+            }
+            i += g;
+        }
+    }
+
+    /// Scores of the four queries against `16 B` keys: `kt` at the block's
+    /// first key (rows `keys` apart), written to the score rows at `s`
+    /// (`stride` apart). Each score `sum += q[c] * k[c]` over `c` in order.
+    ///
+    /// # Safety
+    /// As [`full_attention_head`], for this block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+    unsafe fn score_block<const B: usize>(
+        qs: &[*const f32; QUERIES],
+        kt: *const f32,
+        keys: usize,
+        d: usize,
+        s: *mut f32,
+        stride: usize,
+    ) {
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); B]; QUERIES];
+            for c in 0..d {
+                let mut k = [_mm512_setzero_ps(); B];
+                for (b, k) in k.iter_mut().enumerate() {
+                    *k = _mm512_loadu_ps(kt.add(c * keys + b * BLOCK));
+                }
+                for (acc, &qt) in acc.iter_mut().zip(qs) {
+                    let qc = _mm512_set1_ps(*qt.add(c));
+                    for (a, &k) in acc.iter_mut().zip(&k) {
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(qc, k));
+                    }
+                }
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                for (b, &a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(s.add(t * stride + b * BLOCK), a);
+                }
+            }
+        }
+    }
+
+    /// Dimensions `16 B` of the group's outputs from `v` (at the first
+    /// dimension, rows `v_stride` apart): `sum += p[j] * v[j]` over the keys
+    /// in order, times the query's `inv`, written for the first `g` queries
+    /// at `o` (rows `o_stride` apart). Scores at `s`, rows `stride` apart.
+    ///
+    /// # Safety
+    /// As [`full_attention_head`], for these dimensions.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+    unsafe fn weigh_values<const B: usize>(
+        s: *const f32,
+        stride: usize,
+        v: *const f32,
+        v_stride: usize,
+        len: usize,
+        inv: [f32; QUERIES],
+        g: usize,
+        o: *mut f32,
+        o_stride: usize,
+    ) {
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); B]; QUERIES];
+            for j in 0..len {
+                let mut x = [_mm512_setzero_ps(); B];
+                for (b, x) in x.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(v.add(j * v_stride + b * BLOCK));
+                }
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let p = _mm512_set1_ps(*s.add(t * stride + j));
+                    for (a, &x) in acc.iter_mut().zip(&x) {
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(p, x));
+                    }
+                }
+            }
+            for (t, acc) in acc.iter().enumerate().take(g) {
+                let inv = _mm512_set1_ps(inv[t]);
+                for (b, &a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(t * o_stride + b * BLOCK), _mm512_mul_ps(a, inv));
+                }
+            }
+        }
     }
 }
 

@@ -452,3 +452,64 @@ fn one_shape() {
         (rows * cols * n) as f64 / best / 1e9
     );
 }
+
+/// An encoder's attention as all-MiniLM-L6-v2 runs it on `bench/embed`'s
+/// texts: heads of 32 dimensions, texts of 8 to 80 rows, Q, K and V read
+/// from one row of 3 x 384; best of several rounds, one thread.
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn encoder_attention_throughput() {
+    use spindle_kernels::encoder_attention::{
+        full_attention_head, keys_stride, scores_len, HeadShape,
+    };
+    let (h, d) = (384usize, 32usize);
+    let mut rng = StdRng::seed_from_u64(3);
+    let lens: Vec<usize> = (0..200).map(|i| 8 + (i * 37) % 73).collect();
+    let texts: Vec<Vec<f32>> = lens
+        .iter()
+        .map(|&len| random_acts(&mut rng, len, 3 * h))
+        .collect();
+    let isa = detected_isa();
+    let mut best = f64::MAX;
+    let mut out = vec![0.0f32; 80 * h];
+    for _ in 0..5 {
+        let t = Instant::now();
+        for (qkv, &len) in texts.iter().zip(&lens) {
+            let keys = keys_stride(len);
+            let mut kt = vec![0.0f32; keys * d];
+            let mut scores = vec![0.0f32; scores_len(len)];
+            let shape = HeadShape {
+                len,
+                head_dim: d,
+                scale: 1.0 / (d as f32).sqrt(),
+                q_stride: 3 * h,
+                v_stride: 3 * h,
+                out_stride: h,
+            };
+            for head in 0..h / d {
+                let at = head * d;
+                for i in 0..len {
+                    for c in 0..d {
+                        kt[c * keys + i] = qkv[i * 3 * h + h + at + c];
+                    }
+                }
+                full_attention_head(
+                    isa,
+                    &qkv[at..],
+                    &kt,
+                    &qkv[2 * h + at..],
+                    shape,
+                    &mut scores,
+                    &mut out[at..],
+                );
+            }
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let pairs: usize = lens.iter().map(|l| l * l).sum::<usize>() * (h / d);
+    println!(
+        "{isa} 1t encoder attention, 200 texts of 8-80 rows, 12 heads of 32: best {:.3} ms, {:.2} ns per query-key pair",
+        best * 1e3,
+        best / pairs as f64 * 1e9
+    );
+}
