@@ -513,3 +513,31 @@ fn encoder_attention_throughput() {
         best / pairs as f64 * 1e9
     );
 }
+
+/// The exact GELU over an encoder pass's FFN rows (1536 wide), in place, one
+/// thread: an L1-sized buffer and a 12 MB one.
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn gelu_erf_throughput() {
+    use spindle_kernels::activation::gelu_erf;
+    let isa = detected_isa();
+    let mut rng = StdRng::seed_from_u64(4);
+    for n in [4096usize, 3 << 20] {
+        let x0 = random_acts(&mut rng, n / 1536 + 1, 1536);
+        let mut x = x0[..n].to_vec();
+        let rounds = (64 << 20) / n;
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t = Instant::now();
+            for _ in 0..rounds {
+                x.copy_from_slice(&x0[..n]);
+                gelu_erf(isa, &mut x);
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "{isa} 1t gelu_erf over {n} values: {:.3} ns per value (copy included)",
+            best / (rounds * n) as f64 * 1e9
+        );
+    }
+}
