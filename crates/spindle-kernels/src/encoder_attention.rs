@@ -26,6 +26,55 @@ pub struct HeadShape {
     pub out_stride: usize,
 }
 
+/// Every head of one text: `qkv` holds its `len` rows of Q, K and V (each
+/// `h` wide, `heads` heads of `h / heads` columns), `out` its `len` output
+/// rows of `h`. Queries and values are read in place, each head's keys
+/// transposed into scratch, each head by [`full_attention_head`] with the
+/// scale `1 / sqrt(head width)`.
+pub fn text_attention(
+    isa: crate::simd::Isa,
+    qkv: &[f32],
+    len: usize,
+    heads: usize,
+    out: &mut [f32],
+) {
+    if len == 0 {
+        return;
+    }
+    let h = out.len() / len;
+    let d = h / heads.max(1);
+    assert!(d * heads == h && qkv.len() >= len * 3 * h && out.len() == len * h);
+    let keys = keys_stride(len);
+    let mut kt = vec![0.0f32; keys * d];
+    let mut scores = vec![0.0f32; scores_len(len)];
+    let shape = HeadShape {
+        len,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        q_stride: 3 * h,
+        v_stride: 3 * h,
+        out_stride: h,
+    };
+    for head in 0..heads {
+        let at = head * d;
+        for i in 0..len {
+            let k = &qkv[i * 3 * h + h + at..i * 3 * h + h + at + d];
+            for (c, &kv) in k.iter().enumerate() {
+                kt[c * keys + i] = kv;
+            }
+        }
+        full_attention_head(
+            isa,
+            &qkv[at..],
+            &kt,
+            &qkv[2 * h + at..],
+            shape,
+            &mut scores,
+            &mut out[at..],
+        );
+    }
+}
+
 /// `out[i] = softmax_j(scale * q[i] · k[j]) · v` for the `len` rows of one
 /// head: row `i` of `q`, `v` and `out` starts at `i` times its stride and
 /// is `head_dim` long, `kt` is `head_dim x keys_stride(len)`, `scores` at
@@ -258,38 +307,30 @@ mod avx512 {
             let (s2, rest) = rest.split_at_mut(keys);
             let mut s = [s0, s1, s2, &mut rest[..keys]];
             let inv = softmax_rows(&mut s, len, scale);
-            let sp = scores.as_ptr();
+            let job = ValueJob {
+                s: scores.as_ptr(),
+                stride: keys,
+                v_stride,
+                len,
+                inv,
+                g,
+                o_stride: out_stride,
+            };
             let mut cb = 0;
-            unsafe {
-                while cb + 2 * BLOCK <= d {
+            while cb < d {
+                let wide = cb + 2 * BLOCK <= d;
+                // SAFETY: dimensions `cb..cb + 16 or 32 <= d` of the value
+                // rows below `len` and of the group's output rows.
+                unsafe {
+                    let v = v.as_ptr().add(cb);
                     let o = out.as_mut_ptr().add(i * out_stride + cb);
-                    weigh_values::<2>(
-                        sp,
-                        keys,
-                        v.as_ptr().add(cb),
-                        v_stride,
-                        len,
-                        inv,
-                        g,
-                        o,
-                        out_stride,
-                    );
-                    cb += 2 * BLOCK;
+                    if wide {
+                        weigh_values::<2>(&job, v, o);
+                    } else {
+                        weigh_values::<1>(&job, v, o);
+                    }
                 }
-                if cb < d {
-                    let o = out.as_mut_ptr().add(i * out_stride + cb);
-                    weigh_values::<1>(
-                        sp,
-                        keys,
-                        v.as_ptr().add(cb),
-                        v_stride,
-                        len,
-                        inv,
-                        g,
-                        o,
-                        out_stride,
-                    );
-                }
+                cb += if wide { 2 * BLOCK } else { BLOCK };
             }
             i += g;
         }
@@ -333,27 +374,39 @@ mod avx512 {
         }
     }
 
-    /// Dimensions `16 B` of the group's outputs from `v` (at the first
-    /// dimension, rows `v_stride` apart): `sum += p[j] * v[j]` over the keys
-    /// in order, times the query's `inv`, written for the first `g` queries
-    /// at `o` (rows `o_stride` apart). Scores at `s`, rows `stride` apart.
-    ///
-    /// # Safety
-    /// As [`full_attention_head`], for these dimensions.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
-    unsafe fn weigh_values<const B: usize>(
+    /// What [`weigh_values`] reads besides the values: the scores at `s`
+    /// (rows `stride` apart, the first `len` used), each query's `inv`, how
+    /// many queries the group has (`g`), and the output rows' stride.
+    #[derive(Clone, Copy)]
+    struct ValueJob {
         s: *const f32,
         stride: usize,
-        v: *const f32,
         v_stride: usize,
         len: usize,
         inv: [f32; QUERIES],
         g: usize,
-        o: *mut f32,
         o_stride: usize,
-    ) {
+    }
+
+    /// Dimensions `16 B` of the group's outputs from `v` (at the first
+    /// dimension, rows `v_stride` apart): `sum += p[j] * v[j]` over the keys
+    /// in order, times the query's `inv`, written for the first `g` queries
+    /// at `o` (rows `o_stride` apart).
+    ///
+    /// # Safety
+    /// As [`full_attention_head`], for these dimensions.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+    unsafe fn weigh_values<const B: usize>(job: &ValueJob, v: *const f32, o: *mut f32) {
+        let ValueJob {
+            s,
+            stride,
+            v_stride,
+            len,
+            inv,
+            g,
+            o_stride,
+        } = *job;
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); B]; QUERIES];
             for j in 0..len {

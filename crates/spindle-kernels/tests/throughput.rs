@@ -459,10 +459,8 @@ fn one_shape() {
 #[test]
 #[ignore = "manual throughput check; run with --ignored --nocapture"]
 fn encoder_attention_throughput() {
-    use spindle_kernels::encoder_attention::{
-        full_attention_head, keys_stride, scores_len, HeadShape,
-    };
-    let (h, d) = (384usize, 32usize);
+    use spindle_kernels::encoder_attention::text_attention;
+    let (h, heads) = (384usize, 12usize);
     let mut rng = StdRng::seed_from_u64(3);
     let lens: Vec<usize> = (0..200).map(|i| 8 + (i * 37) % 73).collect();
     let texts: Vec<Vec<f32>> = lens
@@ -475,38 +473,11 @@ fn encoder_attention_throughput() {
     for _ in 0..5 {
         let t = Instant::now();
         for (qkv, &len) in texts.iter().zip(&lens) {
-            let keys = keys_stride(len);
-            let mut kt = vec![0.0f32; keys * d];
-            let mut scores = vec![0.0f32; scores_len(len)];
-            let shape = HeadShape {
-                len,
-                head_dim: d,
-                scale: 1.0 / (d as f32).sqrt(),
-                q_stride: 3 * h,
-                v_stride: 3 * h,
-                out_stride: h,
-            };
-            for head in 0..h / d {
-                let at = head * d;
-                for i in 0..len {
-                    for c in 0..d {
-                        kt[c * keys + i] = qkv[i * 3 * h + h + at + c];
-                    }
-                }
-                full_attention_head(
-                    isa,
-                    &qkv[at..],
-                    &kt,
-                    &qkv[2 * h + at..],
-                    shape,
-                    &mut scores,
-                    &mut out[at..],
-                );
-            }
+            text_attention(isa, qkv, len, heads, &mut out[..len * h]);
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
-    let pairs: usize = lens.iter().map(|l| l * l).sum::<usize>() * (h / d);
+    let pairs: usize = lens.iter().map(|l| l * l).sum::<usize>() * heads;
     println!(
         "{isa} 1t encoder attention, 200 texts of 8-80 rows, 12 heads of 32: best {:.3} ms, {:.2} ns per query-key pair",
         best * 1e3,

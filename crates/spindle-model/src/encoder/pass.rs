@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use spindle_kernels::activation::gelu_erf;
-use spindle_kernels::encoder_attention::{full_attention_head, keys_stride, scores_len, HeadShape};
+use spindle_kernels::encoder_attention::text_attention;
 use spindle_kernels::norm::layer_norm_inplace;
 
 use super::weights::{EncoderLayer, EncoderMatrix};
@@ -213,49 +213,18 @@ impl Encoder {
         });
     }
 
-    /// Each text's heads, one task per text. Queries and values are read
-    /// in place from the Q, K, V rows (a head is a run of their columns),
-    /// the keys transposed per head, the output written in place.
+    /// Each text's heads, one task per text.
     fn attention(&self, spans: &[Range<usize>], qkv: &[f32], out: &mut [f32]) {
         let c = &self.config;
-        let (h, d) = (c.hidden, c.head_dim());
+        let h = c.hidden;
         let rows = DisjointChunks::new(out, h);
         for_each_task(&self.pool, spans.len(), |t| {
             let span = spans[t].clone();
-            let len = span.len();
-            let keys = keys_stride(len);
-            let mut kt = vec![0.0f32; keys * d];
-            let mut scores = vec![0.0f32; scores_len(len)];
             // SAFETY: the text's rows are one run of whole chunks (rows),
             // and each text is one task.
             let out = unsafe { rows.run_mut(span.start, span.end) };
-            let base = &qkv[span.start * 3 * h..span.end * 3 * h];
-            let shape = HeadShape {
-                len,
-                head_dim: d,
-                scale: 1.0 / (d as f32).sqrt(),
-                q_stride: 3 * h,
-                v_stride: 3 * h,
-                out_stride: h,
-            };
-            for head in 0..c.heads {
-                let at = head * d;
-                for i in 0..len {
-                    let k = &base[i * 3 * h + h + at..i * 3 * h + h + at + d];
-                    for (ch, &kv) in k.iter().enumerate() {
-                        kt[ch * keys + i] = kv;
-                    }
-                }
-                full_attention_head(
-                    self.isa,
-                    &base[at..],
-                    &kt,
-                    &base[2 * h + at..],
-                    shape,
-                    &mut scores,
-                    &mut out[at..],
-                );
-            }
+            let qkv = &qkv[span.start * 3 * h..span.end * 3 * h];
+            text_attention(self.isa, qkv, span.len(), c.heads, out);
         });
     }
 }
