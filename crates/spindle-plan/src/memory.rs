@@ -73,6 +73,9 @@ pub fn activation_terms(
     prefill_chunk: u64,
     profile: &EngineProfile,
 ) -> Vec<Term> {
+    if shape.is_encoder() {
+        return encoder_activation_terms(shape);
+    }
     let (e, qd, kvd, ff, vocab) = (
         shape.n_embd,
         shape.q_dim(),
@@ -266,6 +269,56 @@ pub fn activation_terms(
     terms
 }
 
+/// Rows of an encoder pass: `spindle embed`'s default `--embed-batch-tokens`
+/// (texts are packed into passes of at most this many tokens, whatever the
+/// batch).
+pub const ENCODER_PASS_TOKENS: u64 = 2048;
+
+/// An encoder pass's buffers (spindle-model `encoder/pass.rs`: the hidden
+/// rows and `Buffers`), at [`ENCODER_PASS_TOKENS`] rows; a text's attention
+/// scratch is small beside them.
+fn encoder_activation_terms(shape: &ModelShape) -> Vec<Term> {
+    let (n, h, ff) = (ENCODER_PASS_TOKENS, shape.n_embd, shape.n_ff);
+    [
+        ("encoder pass: hidden rows, f32", mul(&[F32, n, h])),
+        (
+            "encoder Buffers.qkv: Q, K, V rows, f32",
+            mul(&[F32, n, 3 * h]),
+        ),
+        (
+            "encoder Buffers.attn: attention output, f32",
+            mul(&[F32, n, h]),
+        ),
+        ("encoder Buffers.proj: projections, f32", mul(&[F32, n, h])),
+        ("encoder Buffers.up: FFN up, f32", mul(&[F32, n, ff])),
+    ]
+    .into_iter()
+    .map(|(name, bytes)| Term {
+        name: name.into(),
+        bytes,
+        phase: Phase::Always,
+    })
+    .collect()
+}
+
+/// An encoder's float layer matrices packed as f32 for its float kernel
+/// (spindle-kernels `float_panels.rs`), held beside the file's copy: Q, K,
+/// V, output, up and down of every layer. 0 for quantized files, whose
+/// matrices the int8 kernels read in place.
+pub fn encoder_panel_bytes(shape: &ModelShape) -> u64 {
+    let float = ["F32", "F16", "BF16"];
+    let w = &shape.weights;
+    let float_bytes: u64 = float.iter().filter_map(|t| w.by_type.get(*t)).sum();
+    if !shape.is_encoder() || float_bytes < w.bytes / 2 {
+        return 0;
+    }
+    let (h, ff) = (shape.n_embd, shape.n_ff);
+    let per_layer = (4 * h)
+        .saturating_mul(h)
+        .saturating_add((2 * h).saturating_mul(ff));
+    mul(&[F32, shape.n_layers, per_layer])
+}
+
 /// Peak of activation terms: what is always live, plus the larger of the
 /// two passes' transients.
 pub(crate) fn activation_peak(terms: &[Term]) -> u64 {
@@ -294,6 +347,11 @@ pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> 
         bytes: head_screen_bytes(shape),
         phase: Phase::Always,
     });
+    terms.push(Term {
+        name: "encoder float matrices packed as f32 beside the file".into(),
+        bytes: encoder_panel_bytes(shape),
+        phase: Phase::Always,
+    });
     terms
 }
 
@@ -302,7 +360,7 @@ pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> 
 /// blocks of 32, the f16 scales padded to 8, and 9 f32 bound terms; plus
 /// the 8 basis rows. 0 for other head types.
 pub fn head_screen_bytes(shape: &ModelShape) -> u64 {
-    if shape.weights.head_type.as_deref() != Some("Q8_0") {
+    if shape.weights.head_type.as_deref() != Some("Q8_0") || shape.is_encoder() {
         return 0;
     }
     let blocks = shape.n_embd / 32;

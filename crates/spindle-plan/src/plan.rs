@@ -146,6 +146,10 @@ pub struct Crossover {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub model: String,
+    /// An encoder (BERT): no KV cache, no decoding, memory flat in ctx and
+    /// batch (its passes are at most `memory::ENCODER_PASS_TOKENS` tokens).
+    #[serde(default)]
+    pub encoder: bool,
     pub architecture: String,
     pub device: Device,
     /// The engine profile activations and overhead were computed with.
@@ -242,6 +246,7 @@ pub fn plan(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) 
 
     Plan {
         model: shape.name.clone(),
+        encoder: shape.is_encoder(),
         architecture: shape.family.name().to_string(),
         device: device.clone(),
         engine_profile: profile.clone(),
@@ -293,7 +298,16 @@ fn notes(shape: &ModelShape, request: &PlanRequest, profile: &EngineProfile) -> 
     if request.ctx == 0 || request.batch == 0 || request.prefill_chunk == 0 {
         notes.push("a zero ctx, batch or prefill chunk was planned as 1".into());
     }
-    if let Family::Other(name) = &shape.family {
+    if shape.is_encoder() {
+        notes.push(format!(
+            "an encoder (BERT): `spindle embed` and `serve --embedding-model` run it in passes of \
+             up to {} tokens, so its memory does not grow with ctx or batch; it keeps no KV \
+             cache and does not decode (the decode and KV figures do not apply); float matrices \
+             are packed as f32 beside the file's copy; every page of the file counted resident \
+             (the token embedding's rows are read only for the tokens used)",
+            memory::ENCODER_PASS_TOKENS
+        ));
+    } else if let Family::Other(name) = &shape.family {
         notes.push(format!(
             "architecture '{name}' is not one Spindle runs; planned as a plain decoder"
         ));

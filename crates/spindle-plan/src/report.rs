@@ -102,6 +102,24 @@ impl Plan {
             &format!("largest ctx at batch {}", self.batch),
             count(self.max_ctx),
         );
+        if self.encoder {
+            row(
+                &mut out,
+                &format!("largest batch at ctx {}", self.ctx),
+                format!(
+                    "any (texts run in passes of at most {} tokens)",
+                    crate::memory::ENCODER_PASS_TOKENS
+                ),
+            );
+            out.push_str("\nSpeed ceiling\n");
+            row(
+                &mut out,
+                &format!("encoder pass ({} tokens)", self.prefill_chunk.min(self.ctx)),
+                rate(self.prefill_tokens_per_s),
+            );
+            self.push_notes(&mut out);
+            return out;
+        }
         row(
             &mut out,
             &format!("largest batch at ctx {}", self.ctx),
@@ -162,13 +180,17 @@ impl Plan {
             format!("x{:.2} at batch 1", self.q8_kv_gain.batch_1)
         };
         row(&mut out, "q8_0 KV over f16 KV (decode)", gain);
+        self.push_notes(&mut out);
+        out
+    }
+
+    fn push_notes(&self, out: &mut String) {
         if !self.notes.is_empty() {
             out.push_str("\nNotes\n");
             for n in &self.notes {
                 let _ = writeln!(out, "  - {n}");
             }
         }
-        out
     }
 }
 

@@ -77,7 +77,7 @@ pub fn kv_crossover_ctx(shape: &ModelShape, batch: u64, kv: KvType) -> Option<u6
     let weights = shape.decode_read_bytes(batch);
     let reads = |ctx: u64| shape.kv_read_bytes_per_seq(ctx, kv).saturating_mul(batch);
     let row = 2u64.saturating_mul(kv.row_bytes(shape.kv_dim()));
-    if batch == 0 || row == 0 {
+    if batch == 0 || row == 0 || shape.is_encoder() {
         return None;
     }
     // KV reads grow with ctx until every layer's cache is full: forever with

@@ -311,9 +311,19 @@ impl ModelShape {
             .unwrap_or(0)
     }
 
+    /// Whether this is an encoder (BERT): `spindle embed` runs it a pass of
+    /// whole texts at a time; it keeps no KV cache and does not decode.
+    pub fn is_encoder(&self) -> bool {
+        matches!(&self.family, Family::Other(name) if name == "bert")
+    }
+
     /// KV bytes of one token, all layers as full attention:
-    /// 2 (K and V) x layers x KV heads x head size x bytes per element.
+    /// 2 (K and V) x layers x KV heads x head size x bytes per element
+    /// (none for an encoder).
     pub fn kv_bytes_per_token(&self, kv: KvType) -> u64 {
+        if self.is_encoder() {
+            return 0;
+        }
         2u64.saturating_mul(self.n_layers)
             .saturating_mul(kv.row_bytes(self.kv_dim()))
     }
@@ -334,6 +344,9 @@ impl ModelShape {
     /// KV bytes one sequence holds at context `ctx` in the block pool,
     /// sliding layers keeping only their window.
     pub fn kv_bytes_per_seq(&self, ctx: u64, kv: KvType) -> u64 {
+        if self.is_encoder() {
+            return 0;
+        }
         let row = 2u64.saturating_mul(kv.row_bytes(self.kv_dim()));
         let tokens: u64 = (0..self.n_layers as usize)
             .map(|l| self.layer_pool_tokens(l, ctx))

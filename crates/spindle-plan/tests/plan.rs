@@ -369,3 +369,57 @@ fn zero_sizes_are_rejected_by_validate_and_planned_as_one() {
     assert!(KvType::parse("q4").is_err());
     assert_eq!(KvType::parse("Q8_0").unwrap(), KvType::Q8_0);
 }
+
+/// all-MiniLM-L6-v2 as `spindle pull all-minilm-l6-v2` stores it (config
+/// and safetensors headers; a BERT encoder of 6 layers, width 384, FFN 1536):
+/// no KV cache, memory flat in ctx and batch, its float layer matrices
+/// counted again as the f32 panels the float kernel packs (6 x (4 x 384^2
+/// + 2 x 384 x 1536) floats), no head screen, and the note says what it is.
+#[test]
+fn an_encoder_plans_no_kv_and_its_packed_matrices() {
+    let dir = std::env::var_os("SPINDLE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/spindle"))
+        })
+        .map(|h| h.join("models/all-MiniLM-L6-v2"));
+    let Some(dir) = dir.filter(|d| d.join("model.safetensors").exists()) else {
+        assert!(
+            std::env::var("SPINDLE_REQUIRE_MODEL").ok().as_deref() != Some("1"),
+            "all-MiniLM-L6-v2 is not pulled (spindle pull all-minilm-l6-v2)"
+        );
+        eprintln!("skipped: all-MiniLM-L6-v2 is not pulled");
+        return;
+    };
+    let shape = ModelShape::from_path(&dir).unwrap();
+    assert!(shape.is_encoder());
+    let device = Device::parse("h100").unwrap();
+    let at = |ctx, batch| {
+        plan(
+            &shape,
+            &PlanRequest::new(ctx, batch, KvType::F16, device.clone()),
+            &EngineProfile::cpu(),
+        )
+    };
+    let p = at(512, 1);
+    assert!(p.encoder);
+    assert_eq!((p.kv_bytes, p.kv_bytes_per_token), (0, 0));
+    let panels = p
+        .overhead_terms
+        .iter()
+        .find(|t| t.name.starts_with("encoder float matrices"))
+        .expect("a term for the packed matrices");
+    assert_eq!(panels.bytes, 4 * 6 * (4 * 384 * 384 + 2 * 384 * 1536));
+    assert!(p
+        .overhead_terms
+        .iter()
+        .all(|t| !t.name.starts_with("output head screen") || t.bytes == 0));
+    assert_eq!(
+        at(8, 1).total_bytes,
+        at(512, 64).total_bytes,
+        "memory flat in ctx and batch"
+    );
+    assert!(p.notes.iter().any(|n| n.starts_with("an encoder (BERT)")));
+    assert!(!p.notes.iter().any(|n| n.contains("not one Spindle runs")));
+    assert!(p.render_table().contains("any (texts run in passes"));
+}
