@@ -31,7 +31,7 @@ mod source;
 
 pub use device::Device;
 pub use error::PlanError;
-pub use memory::{activation_terms, overhead_terms, Phase, Term};
+pub use memory::{activation_terms, overhead_terms, Phase, Term, ENCODER_PASS_TOKENS};
 pub use plan::{plan, Crossover, KvType, PerBatch, Plan, PlanRequest, DEFAULT_PREFILL_CHUNK};
 pub use profile::{
     EngineProfile, CPU_RUNTIME_BYTES, CPU_TOKENIZER_BUILD_BYTES_PER_ENTRY,

@@ -74,7 +74,7 @@ pub fn activation_terms(
     profile: &EngineProfile,
 ) -> Vec<Term> {
     if shape.is_encoder() {
-        return encoder_activation_terms(shape);
+        return encoder_activation_terms(shape, profile);
     }
     let (e, qd, kvd, ff, vocab) = (
         shape.n_embd,
@@ -164,28 +164,7 @@ pub fn activation_terms(
         ]);
     }
     if quant {
-        // matmul.rs ACTS (calling thread): int8 values plus, per 32, an f32
-        // scale and an i16 sum; sized by the widest input of the largest pass.
-        terms.push((
-            "QuantizedActs: int8 activations, scales and block sums",
-            mul(&[n, widest]).saturating_add(mul(&[6, n, widest / 32])),
-        ));
-        // matmul.rs PACKED: the same rows packed for the multi-row kernels,
-        // in pairs on the VNNI path.
-        let packed = if n >= 2 {
-            mul(&[n.div_ceil(2), widest.div_ceil(256), ACT_PAIR_BYTES])
-        } else {
-            0
-        };
-        terms.push((
-            "PACKED: activations packed as ActPairs (VNNI) or ActGroups",
-            packed,
-        ));
-        // quant/multi_row.rs WTILE: a tile of packed weight rows per thread.
-        terms.push((
-            "WTILE: packed weight tile per thread",
-            mul(&[threads, TILE_ROWS, widest.div_ceil(256), W_GROUP_BYTES]),
-        ));
+        terms.extend(int8_matmul_terms(n, widest, threads));
     }
     // forward/attention.rs reads K/V in place. A pass of few rows (fewer
     // than 4 x threads / KV heads) splits each row's keys into chunks that
@@ -274,12 +253,42 @@ pub fn activation_terms(
 /// batch).
 pub const ENCODER_PASS_TOKENS: u64 = 2048;
 
-/// An encoder pass's buffers (spindle-model `encoder/pass.rs`: the hidden
-/// rows and `Buffers`), at [`ENCODER_PASS_TOKENS`] rows; a text's attention
-/// scratch is small beside them.
-fn encoder_activation_terms(shape: &ModelShape) -> Vec<Term> {
-    let (n, h, ff) = (ENCODER_PASS_TOKENS, shape.n_embd, shape.n_ff);
+/// What the int8 matmuls hold for a pass of `n` rows whose widest matmul
+/// input is `widest` values, on `threads` threads.
+fn int8_matmul_terms(n: u64, widest: u64, threads: u64) -> [(&'static str, u64); 3] {
+    // matmul.rs PACKED: the same rows packed for the multi-row kernels, in
+    // pairs on the VNNI path.
+    let packed = if n >= 2 {
+        mul(&[n.div_ceil(2), widest.div_ceil(256), ACT_PAIR_BYTES])
+    } else {
+        0
+    };
     [
+        // matmul.rs ACTS (calling thread): int8 values plus, per 32, an f32
+        // scale and an i16 sum; sized by the widest input of the largest pass.
+        (
+            "QuantizedActs: int8 activations, scales and block sums",
+            mul(&[n, widest]).saturating_add(mul(&[6, n, widest / 32])),
+        ),
+        (
+            "PACKED: activations packed as ActPairs (VNNI) or ActGroups",
+            packed,
+        ),
+        // quant/multi_row.rs WTILE: a tile of packed weight rows per thread.
+        (
+            "WTILE: packed weight tile per thread",
+            mul(&[threads, TILE_ROWS, widest.div_ceil(256), W_GROUP_BYTES]),
+        ),
+    ]
+}
+
+/// An encoder pass's buffers (spindle-model `encoder/pass.rs`: the hidden
+/// rows and `Buffers`), at [`ENCODER_PASS_TOKENS`] rows, and for quantized
+/// matrices what the int8 matmuls hold; a text's attention scratch is small
+/// beside them.
+fn encoder_activation_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> {
+    let (n, h, ff) = (ENCODER_PASS_TOKENS, shape.n_embd, shape.n_ff);
+    let mut terms = vec![
         ("encoder pass: hidden rows, f32", mul(&[F32, n, h])),
         (
             "encoder Buffers.qkv: Q, K, V rows, f32",
@@ -291,14 +300,18 @@ fn encoder_activation_terms(shape: &ModelShape) -> Vec<Term> {
         ),
         ("encoder Buffers.proj: projections, f32", mul(&[F32, n, h])),
         ("encoder Buffers.up: FFN up, f32", mul(&[F32, n, ff])),
-    ]
-    .into_iter()
-    .map(|(name, bytes)| Term {
-        name: name.into(),
-        bytes,
-        phase: Phase::Always,
-    })
-    .collect()
+    ];
+    if encoder_panel_bytes(shape) == 0 {
+        terms.extend(int8_matmul_terms(n, h.max(ff), profile.threads));
+    }
+    terms
+        .into_iter()
+        .map(|(name, bytes)| Term {
+            name: name.into(),
+            bytes,
+            phase: Phase::Always,
+        })
+        .collect()
 }
 
 /// An encoder's float layer matrices packed as f32 for its float kernel

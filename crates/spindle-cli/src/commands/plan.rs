@@ -154,6 +154,9 @@ fn measure(args: &PlanArgs, path: &std::path::Path, plan: &Plan) -> Result<u64> 
     if plan.device.name != "cpu" {
         bail!("--measure runs on this CPU: drop --device or use --device cpu");
     }
+    if plan.encoder {
+        return measure_encoder(args, path);
+    }
     let kv_type = match plan.kv_type {
         KvType::F16 => spindle_model::KvType::F16,
         KvType::F32 => spindle_model::KvType::F32,
@@ -173,6 +176,39 @@ fn measure(args: &PlanArgs, path: &std::path::Path, plan: &Plan) -> Result<u64> 
         );
     }
     run_peak_memory_passes(model, &mut kv, ctx, batch, plan.prefill_chunk as usize)?;
+    peak_rss().context("cannot read this process's peak resident memory")
+}
+
+/// An encoder's worst case as its plan counts it: passes of
+/// `ENCODER_PASS_TOKENS` tokens (texts of the longest length it takes) whose
+/// ids go through the whole vocabulary, so every page of the file is read.
+fn measure_encoder(args: &PlanArgs, path: &std::path::Path) -> Result<u64> {
+    use spindle_model::encoder::{load_encoder, EncoderInput};
+    let loaded = load_encoder(path, args.model.threads(), Default::default())
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let encoder = &loaded.encoder;
+    let (vocab, pass) = (
+        encoder.config.vocab,
+        spindle_plan::ENCODER_PASS_TOKENS as usize,
+    );
+    let len = encoder.config.max_positions.clamp(1, pass);
+    for start in (0..vocab).step_by(pass) {
+        let texts: Vec<Vec<u32>> = (0..pass / len)
+            .map(|t| {
+                (0..len)
+                    .map(|j| ((start + t * len + j) % vocab) as u32)
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<EncoderInput<'_>> = texts
+            .iter()
+            .map(|ids| EncoderInput {
+                ids,
+                type_ids: None,
+            })
+            .collect();
+        encoder.embed(&inputs)?;
+    }
     peak_rss().context("cannot read this process's peak resident memory")
 }
 
