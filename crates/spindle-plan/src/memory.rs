@@ -360,11 +360,13 @@ pub fn overhead_terms(shape: &ModelShape, profile: &EngineProfile) -> Vec<Term> 
         bytes: head_screen_bytes(shape),
         phase: Phase::Always,
     });
-    terms.push(Term {
-        name: "encoder float matrices packed as f32 beside the file".into(),
-        bytes: encoder_panel_bytes(shape),
-        phase: Phase::Always,
-    });
+    if shape.is_encoder() {
+        terms.push(Term {
+            name: "encoder float matrices packed as f32 beside the file".into(),
+            bytes: encoder_panel_bytes(shape),
+            phase: Phase::Always,
+        });
+    }
     terms
 }
 
