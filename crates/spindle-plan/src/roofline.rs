@@ -76,8 +76,8 @@ pub fn prefill_tokens_per_s(shape: &ModelShape, tokens: u64, device: &Device) ->
 pub fn kv_crossover_ctx(shape: &ModelShape, batch: u64, kv: KvType) -> Option<u64> {
     let weights = shape.decode_read_bytes(batch);
     let reads = |ctx: u64| shape.kv_read_bytes_per_seq(ctx, kv).saturating_mul(batch);
-    let row = 2u64.saturating_mul(kv.row_bytes(shape.kv_dim()));
-    if batch == 0 || row == 0 || shape.is_encoder() {
+    let row = shape.kv_layer_row_bytes(kv);
+    if batch == 0 || row == 0 {
         return None;
     }
     // KV reads grow with ctx until every layer's cache is full: forever with

@@ -317,15 +317,19 @@ impl ModelShape {
         matches!(&self.family, Family::Other(name) if name == "bert")
     }
 
-    /// KV bytes of one token, all layers as full attention:
-    /// 2 (K and V) x layers x KV heads x head size x bytes per element
-    /// (none for an encoder).
-    pub fn kv_bytes_per_token(&self, kv: KvType) -> u64 {
+    /// KV bytes of one token in one layer: K and V rows; none for an
+    /// encoder, which keeps no KV cache (every KV figure follows from this).
+    pub fn kv_layer_row_bytes(&self, kv: KvType) -> u64 {
         if self.is_encoder() {
             return 0;
         }
-        2u64.saturating_mul(self.n_layers)
-            .saturating_mul(kv.row_bytes(self.kv_dim()))
+        2u64.saturating_mul(kv.row_bytes(self.kv_dim()))
+    }
+
+    /// KV bytes of one token, all layers as full attention:
+    /// 2 (K and V) x layers x KV heads x head size x bytes per element.
+    pub fn kv_bytes_per_token(&self, kv: KvType) -> u64 {
+        self.n_layers.saturating_mul(self.kv_layer_row_bytes(kv))
     }
 
     /// Token slots layer `l` takes per sequence in the engine's block pool
@@ -344,10 +348,7 @@ impl ModelShape {
     /// KV bytes one sequence holds at context `ctx` in the block pool,
     /// sliding layers keeping only their window.
     pub fn kv_bytes_per_seq(&self, ctx: u64, kv: KvType) -> u64 {
-        if self.is_encoder() {
-            return 0;
-        }
-        let row = 2u64.saturating_mul(kv.row_bytes(self.kv_dim()));
+        let row = self.kv_layer_row_bytes(kv);
         let tokens: u64 = (0..self.n_layers as usize)
             .map(|l| self.layer_pool_tokens(l, ctx))
             .fold(0u64, u64::saturating_add);
@@ -357,7 +358,7 @@ impl ModelShape {
     /// KV bytes decoding one token at context `ctx` reads: every layer's
     /// visible positions.
     pub fn kv_read_bytes_per_seq(&self, ctx: u64, kv: KvType) -> u64 {
-        let row = 2u64.saturating_mul(kv.row_bytes(self.kv_dim()));
+        let row = self.kv_layer_row_bytes(kv);
         let tokens: u64 = (0..self.n_layers as usize)
             .map(|l| self.layer_kv_tokens(l, ctx))
             .fold(0u64, u64::saturating_add);

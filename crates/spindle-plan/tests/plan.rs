@@ -404,6 +404,8 @@ fn an_encoder_plans_no_kv_and_its_packed_matrices() {
     let p = at(512, 1);
     assert!(p.encoder);
     assert_eq!((p.kv_bytes, p.kv_bytes_per_token), (0, 0));
+    assert_eq!(p.kv_read_per_seq_bytes, 0);
+    assert_eq!(p.kv_crossover_ctx.batch_1, None);
     let panels = p
         .overhead_terms
         .iter()
