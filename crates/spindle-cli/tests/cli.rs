@@ -410,6 +410,50 @@ fn bench_runs_on_tiny_moe_models() {
     }
 }
 
+/// `bench --rows --profile` times each row count's pass op by op: every
+/// op of the pass is there, and the ops add up to the pass (the profile's
+/// clock runs inside the timed passes, not around the context's prefill).
+#[test]
+fn bench_profiles_each_row_count_op_by_op() {
+    let gguf = tiny("llama").join("model.gguf");
+    let o = spindle(&[
+        "bench",
+        "-m",
+        gguf.to_str().unwrap(),
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "-r",
+        "3",
+        "--rows",
+        "1,4",
+        "--rows-context",
+        "40",
+        "--profile",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench --json");
+    let profiles = v["rows_pass_ops_s"].as_array().expect("rows_pass_ops_s");
+    assert_eq!(profiles.len(), 2, "{v}");
+    for (p, rows) in profiles.iter().zip(v["rows"].as_array().unwrap()) {
+        assert_eq!(p["rows"], rows["rows"]);
+        assert_eq!(p["context"], 40);
+        let ops = p["ops"].as_array().unwrap();
+        let names: Vec<&str> = ops.iter().map(|o| o["op"].as_str().unwrap()).collect();
+        for op in ["output head", "attention", "matmul qkv", "matmul down"] {
+            assert!(names.contains(&op), "{op} missing: {names:?}");
+        }
+        let total: f64 = ops.iter().map(|o| o["seconds"].as_f64().unwrap()).sum();
+        let mean_s = rows["ms"]["mean"].as_f64().unwrap() / 1e3;
+        assert!(
+            total > 0.3 * mean_s && total <= 1.05 * mean_s,
+            "ops {total} s against a {mean_s} s pass"
+        );
+    }
+}
+
 fn find_number(v: &serde_json::Value, key: &str) -> Option<f64> {
     match v {
         serde_json::Value::Object(m) => m

@@ -228,18 +228,24 @@ pub fn time_rows_chosen(
     r
 }
 
+/// Mean seconds and call counts per op of a profiled pass, largest first
+/// (as [`Model::take_op_times`] gives them).
+pub type OpSeconds = Vec<(&'static str, f64, usize)>;
+
 /// Seconds for one pass of `rows` rows (a chain, each with logits, as a
-/// speculative verification asks) after `context` committed tokens.
+/// speculative verification asks) after `context` committed tokens, and,
+/// when the model is profiling, the mean seconds per op of the timed passes
+/// (the context's prefill and the warm-up left out; empty otherwise).
 pub fn time_rows(
     model: &Model,
     kv: &mut KvCache,
     rows: usize,
     context: usize,
     reps: usize,
-) -> Result<Summary, EngineError> {
+) -> Result<(Summary, OpSeconds), EngineError> {
     let vocab = model.config.vocab_size;
     let seq = kv.add_sequence()?;
-    let run = |kv: &mut KvCache| -> Result<Summary, EngineError> {
+    let run = |kv: &mut KvCache| -> Result<(Summary, OpSeconds), EngineError> {
         if context > 0 {
             let ctx = bench_tokens(context, vocab, 7);
             let mut b = Batch::new();
@@ -251,13 +257,16 @@ pub fn time_rows(
         let mut b = Batch::new();
         b.push_chain(seq, context, &toks, |_| true);
         model.forward(&b, kv)?; // warm-up
+        let _ = model.take_op_times();
         let mut samples = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {
             let t = Instant::now();
             model.forward(&b, kv)?;
             samples.push(t.elapsed().as_secs_f64());
         }
-        Ok(Summary::of(samples))
+        let mut ops = model.take_op_times();
+        ops.iter_mut().for_each(|o| o.1 /= samples.len() as f64);
+        Ok((Summary::of(samples), ops))
     };
     let r = run(kv);
     kv.remove_sequence(seq);

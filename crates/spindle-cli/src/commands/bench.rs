@@ -42,7 +42,8 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Also print where the prompt pass's time goes, op by op.
+    /// Also print where the time of a prompt pass, a decode pass and (with
+    /// `--rows`) each row count's pass goes, op by op.
     #[arg(long)]
     pub profile: bool,
 }
@@ -195,12 +196,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .for_each(|o| o.1 /= (args.gen + 1) as f64);
         loaded.model.set_profiling(false);
     }
+    // With --profile, the full-logits pass of each row count is timed op by
+    // op as well (the chosen-token pass is not: its head is the screen).
+    loaded.model.set_profiling(args.profile && !rows.is_empty());
     let model = &loaded.model;
     let mut curve = Vec::new();
+    let mut rows_ops = Vec::new();
     for &r in &rows {
-        let full = time_rows(model, &mut kv, r, args.rows_context, reps)?;
+        let (full, ops) = time_rows(model, &mut kv, r, args.rows_context, reps)?;
         let chosen = time_rows_chosen(model, &mut kv, r, args.rows_context, reps)?;
         curve.push((r, full, chosen));
+        if !ops.is_empty() {
+            rows_ops.push((r, ops));
+        }
     }
     let one_row = curve
         .iter()
@@ -263,6 +271,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "prompt_best_peak_fraction": pp_macs.map(|m| m / best_peak),
             "prompt_pass_ops_s": ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
             "decode_pass_ops_s": decode_ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
+            "rows_pass_ops_s": rows_ops.iter().map(|(r, ops)| json!({
+                "rows": r,
+                "context": args.rows_context,
+                "ops": ops.iter().map(|(op, s, _)| json!({"op": op, "seconds": s})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
             "kv_type": kv_type.name(),
             "depths": at_depth.iter().map(|(d, pp, tg, kv_bytes, tg_chosen)| json!({
                 "depth": d,
@@ -429,6 +442,35 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 c.median * 1e3
             );
         }
+    }
+    if let Some((_, last)) = rows_ops.last() {
+        println!();
+        println!(
+            "one pass of R rows (every row's logits), op by op, ms (mean of {reps} passes after {} committed tokens):",
+            args.rows_context
+        );
+        let header: String = rows_ops
+            .iter()
+            .map(|(r, _)| format!(" {r} rows |"))
+            .collect();
+        println!("| op |{header}");
+        println!("|---|{}", "---|".repeat(rows_ops.len()));
+        // Ops in the order of the largest row count's times.
+        for (op, _, _) in last {
+            let cells: String = rows_ops
+                .iter()
+                .map(|(_, ops)| {
+                    let ms = ops.iter().find(|o| o.0 == *op).map_or(0.0, |o| o.1 * 1e3);
+                    format!(" {ms:.2} |")
+                })
+                .collect();
+            println!("| {op} |{cells}");
+        }
+        let totals: String = rows_ops
+            .iter()
+            .map(|(_, ops)| format!(" {:.2} |", ops.iter().map(|o| o.1).sum::<f64>() * 1e3))
+            .collect();
+        println!("| total |{totals}");
     }
     Ok(())
 }
