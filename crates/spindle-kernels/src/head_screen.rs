@@ -25,6 +25,7 @@
 
 use crate::error::KernelError;
 use crate::matmul::WeightView;
+use crate::quant::panels::panel_row;
 use crate::quant::q8_act::{ActRounding, QuantizedActs};
 use crate::quant::vertical::{q8_0_vertical_block, WeightLayout};
 use crate::simd::Isa;
@@ -105,8 +106,16 @@ impl HeadScreen {
         let mut resid = vec![0f32; rows];
         let mut norms = vec![0f64; rows];
         let row_bytes = w.row_bytes();
-        // A head the loader rewrote with the layers: its blocks read in place.
+        // A head the loader rewrote with the layers: its blocks read in place
+        // (vertical), or each row gathered as the file has it (panels).
         let vertical = w.layout == WeightLayout::Vertical;
+        let panels = w.layout == WeightLayout::Panels;
+        if panels && !crate::quant::panels::panels_supported(w.ty, w.rows, w.cols) {
+            return Err(KernelError::unsupported(format!(
+                "panels of 16 rows for {} {} x {}",
+                w.ty, w.rows, w.cols
+            )));
+        }
         {
             let nib = Shared(nibbles.as_mut_ptr());
             let sc = Shared(scales.as_mut_ptr());
@@ -118,8 +127,15 @@ impl HeadScreen {
             pool.run(&|t, nt| {
                 let (r0, r1) = split(rows, t, nt);
                 let mut rho = vec![0f64; cols];
+                let mut file_row = vec![0u8; if panels { row_bytes } else { 0 }];
                 for i in r0..r1 {
-                    let src = &w.data[i * row_bytes..(i + 1) * row_bytes];
+                    let src = if panels {
+                        panel_row(cols, w.data, i, &mut file_row)
+                            .expect("a validated matrix in panels has every row");
+                        &file_row[..]
+                    } else {
+                        &w.data[i * row_bytes..(i + 1) * row_bytes]
+                    };
                     // SAFETY: token i is written by this thread only (the
                     // ranges of `split` are disjoint) and every index is in
                     // bounds of the buffers sized above.

@@ -29,6 +29,7 @@
 use crate::error::KernelError;
 use crate::quant::kernels::{FloatRowsFn, Grain, Kernel, QuantMulti, QuantRowsFn};
 use crate::quant::multi_row::{self, ActGroup, QuantJob};
+use crate::quant::panels::{from_panels, panels_supported};
 use crate::quant::q8_act::{ActFormat, ActRounding, QuantizedActs};
 use crate::quant::vertical::{from_vertical, vertical_supported, WeightLayout};
 use crate::quant::{checked_bytes, float, registry};
@@ -93,6 +94,12 @@ impl<'a> WeightView<'a> {
             return Err(KernelError::unsupported(format!(
                 "vertical layout for {} rows of {}",
                 self.ty, self.cols
+            )));
+        }
+        if self.layout == WeightLayout::Panels && !panels_supported(self.ty, self.rows, self.cols) {
+            return Err(KernelError::unsupported(format!(
+                "panels of 16 rows for {} {} x {}",
+                self.ty, self.rows, self.cols
             )));
         }
         if self.data.len() != total {
@@ -189,6 +196,16 @@ pub fn matmul_with(
                 // file's bytes back (slow, exact).
                 let mut gguf = vec![0u8; w.data.len()];
                 from_vertical(w.ty, w.cols, w.data, &mut gguf)?;
+                let w = WeightView::new(w.ty, w.rows, w.cols, &gguf)?;
+                return matmul_with(isa, rounding, &w, x, n, out, pool);
+            }
+        },
+        WeightLayout::Panels => match panels_kernel(w.ty, isa, rounding) {
+            Some(k) => Some(k),
+            None => {
+                // As for the vertical layout: the file's bytes back.
+                let mut gguf = vec![0u8; w.data.len()];
+                from_panels(w.ty, w.rows, w.cols, w.data, &mut gguf)?;
                 let w = WeightView::new(w.ty, w.rows, w.cols, &gguf)?;
                 return matmul_with(isa, rounding, &w, x, n, out, pool);
             }
@@ -350,6 +367,19 @@ fn vertical_kernel(
         return None;
     }
     (registry::of(ty).vertical?)(isa)
+}
+
+/// The kernel of a matrix in panels on an ISA (the VNNI paths), or `None`
+/// where the matrix must be converted back.
+fn panels_kernel(
+    ty: GgmlType,
+    isa: Isa,
+    rounding: ActRounding,
+) -> Option<(QuantMulti, QuantMulti)> {
+    if ty != GgmlType::Q8_0 || rounding.format_for(ty) != Some(ActFormat::Block32) {
+        return None;
+    }
+    crate::quant::kernels::panels(isa)
 }
 
 /// The row kernels for a weight type on an ISA, from its registry entry.

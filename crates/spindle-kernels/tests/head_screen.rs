@@ -5,6 +5,7 @@
 use rand::{Rng, SeedableRng};
 use spindle_kernels::head_screen::HeadScreen;
 use spindle_kernels::matmul::matmul_with;
+use spindle_kernels::quant::panels::{panels_supported, to_panels};
 use spindle_kernels::quant::q8_act::ActRounding;
 use spindle_kernels::quant::vertical::{to_vertical, vertical_supported};
 use spindle_kernels::simd::{available_isas, detected_isa};
@@ -73,6 +74,28 @@ fn check(rows: usize, cols: usize, n: usize, seed: u64) {
                 "vertical head's screen differs"
             );
         }
+        if panels_supported(GgmlType::Q8_0, rows, cols) {
+            // And one in panels of 16 rows (a Q8_0 head on VNNI machines).
+            let mut p = data.clone();
+            to_panels(GgmlType::Q8_0, rows, cols, &mut p).unwrap();
+            let wp = WeightView::new(GgmlType::Q8_0, rows, cols, &p)
+                .unwrap()
+                .with_layout(WeightLayout::Panels);
+            let sp = HeadScreen::build(&wp, &calib, &pool).unwrap();
+            let isa = detected_isa();
+            let a = screen
+                .bounds(isa, ActRounding::Block32, &x, n, &pool)
+                .unwrap();
+            let b = sp.bounds(isa, ActRounding::Block32, &x, n, &pool).unwrap();
+            let same =
+                a.ub.iter()
+                    .zip(&b.ub)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same && a.likeliest == b.likeliest,
+                "the screen of a head in panels differs"
+            );
+        }
         for isa in available_isas() {
             for rounding in [ActRounding::Block32, ActRounding::Ggml] {
                 let mut logits = vec![0f32; n * rows];
@@ -107,4 +130,6 @@ fn every_bound_is_at_or_above_its_logit_on_every_isa_and_thread_count() {
     check(1000, 640, 5, 1);
     // An odd number of blocks (a half-used nibble pair) and one row.
     check(777, 96, 1, 2);
+    // Rows in whole panels of 16, as a Q8_0 head is held on VNNI machines.
+    check(1024, 640, 3, 3);
 }

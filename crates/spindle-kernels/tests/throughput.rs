@@ -183,9 +183,26 @@ fn kernels_in_cache() {
 /// Best seconds per call of an `n`-row matmul (see [`bench`]), without
 /// printing.
 /// `SPINDLE_BENCH_LAYOUT=vertical`: matrices as the loader rewrites them
-/// on VNNI machines.
+/// on VNNI machines (`=panels`: Q8_0 ones in panels of 16 rows, as the
+/// loader keeps a Q8_0 head; the others vertical).
 fn vertical_layout() -> bool {
-    std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "vertical")
+    std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "vertical" || v == "panels")
+}
+
+/// Rewrites `w` as the loader would for the layout asked (see
+/// [`vertical_layout`]).
+fn rewrite(ty: GgmlType, rows: usize, cols: usize, w: &mut [u8]) -> WeightLayout {
+    use spindle_kernels::quant::panels::{panels_supported, to_panels};
+    let panels = std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "panels");
+    if panels && panels_supported(ty, rows, cols) {
+        to_panels(ty, rows, cols, w).unwrap();
+        WeightLayout::Panels
+    } else if vertical_layout() && vertical_supported(ty, cols) {
+        to_vertical(ty, cols, w).unwrap();
+        WeightLayout::Vertical
+    } else {
+        WeightLayout::Gguf
+    }
 }
 
 fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_secs: f64) -> f64 {
@@ -211,12 +228,7 @@ fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_
 fn time_call_cold(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: usize) -> f64 {
     let mut rng = StdRng::seed_from_u64(2);
     let mut one = random_weights(&mut rng, ty, rows, cols);
-    let layout = if vertical_layout() && vertical_supported(ty, cols) {
-        to_vertical(ty, cols, &mut one).unwrap();
-        WeightLayout::Vertical
-    } else {
-        WeightLayout::Gguf
-    };
+    let layout = rewrite(ty, rows, cols, &mut one);
     let copies = (128usize << 20).div_ceil(one.len()).max(2);
     let all: Vec<u8> = (0..copies).flat_map(|_| one.iter().copied()).collect();
     // In huge pages, as the loader keeps weights.
@@ -260,7 +272,6 @@ fn multi_row_throughput() {
         (GgmlType::Q8_0, 262_144, 640, &[1, 4, 16]),
     ];
     let filter = std::env::var("SPINDLE_BENCH_FILTER").unwrap_or_default();
-    let vertical = vertical_layout();
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         for &(ty, rows, cols, ns) in &shapes {
@@ -270,11 +281,7 @@ fn multi_row_throughput() {
             }
             let mut rng = StdRng::seed_from_u64(1);
             let mut w = random_weights(&mut rng, ty, rows, cols);
-            let mut layout = WeightLayout::Gguf;
-            if vertical && vertical_supported(ty, cols) {
-                to_vertical(ty, cols, &mut w).unwrap();
-                layout = WeightLayout::Vertical;
-            }
+            let layout = rewrite(ty, rows, cols, &mut w);
             // In huge pages, as the loader keeps weights.
             let w = Storage::resident_copy(&w, None).unwrap();
             let view = WeightView::new(ty, rows, cols, &w)

@@ -252,10 +252,24 @@ fn rewrite_vertical(t: &spindle_formats::GgufTensorInfo, bytes: &mut [u8], head:
     };
     let matrix = stem.is_some_and(|stem| LAYER_MATRICES.contains(&stem)) || t.name == head;
     let cols = t.dims.first().map_or(0, |&c| c as usize);
-    matrix
-        && vertical_supported(ty, cols)
-        && spindle_kernels::first_bad_scale(ty, bytes).is_none()
-        && to_vertical(ty, cols, bytes).is_ok()
+    let rows = t.dims.get(1).map_or(0, |&r| r as usize);
+    if !matrix || spindle_kernels::first_bad_scale(ty, bytes).is_some() {
+        return false;
+    }
+    if t.name == head && head_in_panels(ty, rows, cols) {
+        return spindle_kernels::quant::panels::to_panels(ty, rows, cols, bytes).is_ok();
+    }
+    vertical_supported(ty, cols) && to_vertical(ty, cols, bytes).is_ok()
+}
+
+/// Whether a rewritten output head of this type and shape is held in panels
+/// of 16 rows (`spindle_kernels::quant::panels`: a Q8_0 head, whose
+/// multi-row tile then needs no lane reduction, PERF §49) rather than the
+/// vertical layout; `SPINDLE_HEAD_PANELS=0` keeps it vertical (to compare).
+/// The loader and the weights' reader ask the same question.
+pub(crate) fn head_in_panels(ty: spindle_kernels::GgmlType, rows: usize, cols: usize) -> bool {
+    spindle_kernels::quant::panels::panels_supported(ty, rows, cols)
+        && std::env::var("SPINDLE_HEAD_PANELS").map_or(true, |v| v != "0")
 }
 
 /// The tensor the output head multiplies: `output.weight`, or the

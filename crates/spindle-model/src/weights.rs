@@ -202,7 +202,7 @@ impl Raw {
     fn bad_scale(&self) -> Option<(usize, f32)> {
         match self.layout {
             WeightLayout::Gguf => spindle_kernels::first_bad_scale(self.ty, &self.data),
-            WeightLayout::Vertical => None,
+            WeightLayout::Vertical | WeightLayout::Panels => None,
         }
     }
 }
@@ -215,11 +215,18 @@ impl TensorSource<'_> {
                     return Ok(None);
                 };
                 let ty = t.ty()?;
-                let shape = t.dims.iter().rev().map(|&d| d as usize).collect();
-                let layout = if g.is_rewritten(name) {
-                    WeightLayout::Vertical
-                } else {
-                    WeightLayout::Gguf
+                let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+                // The loader rewrites layer matrices and the output head
+                // (`output.weight`, or the embeddings it is tied to).
+                let head = name == "output.weight" || name == "token_embd.weight";
+                let layout = match (g.is_rewritten(name), &shape[..]) {
+                    (false, _) => WeightLayout::Gguf,
+                    (true, &[rows, cols])
+                        if head && crate::loader::head_in_panels(ty, rows, cols) =>
+                    {
+                        WeightLayout::Panels
+                    }
+                    (true, _) => WeightLayout::Vertical,
                 };
                 Ok(Some(Raw {
                     ty,

@@ -153,3 +153,29 @@ pub(crate) fn vertical<T: super::vertical::simd::VerticalType>(
     };
     Some((one, many))
 }
+
+/// The kernel of a Q8_0 matrix in panels of 16 rows
+/// ([`super::panels`]), for one row and for many: it reads the activations
+/// as they are quantized, in tiles of 2 panels x 6 rows.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn panels(isa: crate::simd::Isa) -> Option<(QuantMulti, QuantMulti)> {
+    if !isa.uses_avx512() {
+        return None;
+    }
+    let k = QuantMulti {
+        pack: None,
+        range: super::panels::range_vnni_panels,
+        grain: |cols| Grain {
+            act_row_bytes: cols,
+            act_rows: 6,
+            weight_rows: 2 * super::panels::PANEL_ROWS,
+        },
+    };
+    Some((k, k))
+}
+
+/// No panel kernel off x86-64: such matrices are converted back first.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn panels(_isa: crate::simd::Isa) -> Option<(QuantMulti, QuantMulti)> {
+    None
+}

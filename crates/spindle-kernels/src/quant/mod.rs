@@ -21,6 +21,7 @@ pub mod iq4_nl;
 pub mod iq4_xs;
 pub(crate) mod kernels;
 pub mod mxfp4;
+pub mod panels;
 pub mod q1_0;
 pub mod q2_0;
 pub mod q2_k;

@@ -42,6 +42,8 @@ pub enum WeightLayout {
     Gguf,
     /// Rewritten by [`to_vertical`].
     Vertical,
+    /// Q8_0 in panels of 16 rows ([`super::panels::to_panels`]).
+    Panels,
 }
 
 /// Where a type's value bits above the nibble go.

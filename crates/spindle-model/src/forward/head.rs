@@ -13,7 +13,8 @@ use std::sync::OnceLock;
 
 use spindle_kernels::head_screen::{HeadScreen, ScreenBounds};
 use spindle_kernels::matmul::WeightView;
-use spindle_kernels::GgmlType;
+use spindle_kernels::quant::panels::panel_row;
+use spindle_kernels::{GgmlType, WeightLayout};
 
 use super::{Hidden, Model};
 use crate::batch::Batch;
@@ -197,8 +198,8 @@ impl Model {
         let out = &self.weights.output;
         let x = self.gather_hidden(hidden, &[row])?;
         let row_bytes = out.view().row_bytes();
-        let mut rows = Vec::with_capacity(tokens.len() * row_bytes);
-        for &t in tokens {
+        let mut rows = vec![0u8; tokens.len() * row_bytes];
+        for (&t, dst) in tokens.iter().zip(rows.chunks_exact_mut(row_bytes)) {
             let t = t as usize;
             if t >= out.rows {
                 return Err(ModelError::InvalidBatch(format!(
@@ -206,10 +207,19 @@ impl Model {
                     out.rows
                 )));
             }
-            rows.extend_from_slice(&out.data[t * row_bytes..(t + 1) * row_bytes]);
+            match out.layout {
+                // A head in panels: each row as the file has it.
+                WeightLayout::Panels => panel_row(out.cols, &out.data, t, dst)?,
+                _ => dst.copy_from_slice(&out.data[t * row_bytes..(t + 1) * row_bytes]),
+            }
         }
-        // Whole rows, so still in the head's own layout.
-        let view = WeightView::new(out.ty, tokens.len(), out.cols, &rows)?.with_layout(out.layout);
+        // Whole rows, so still in the head's own layout (the file's, for
+        // rows gathered from panels).
+        let layout = match out.layout {
+            WeightLayout::Panels => WeightLayout::Gguf,
+            other => other,
+        };
+        let view = WeightView::new(out.ty, tokens.len(), out.cols, &rows)?.with_layout(layout);
         let mut data = vec![0f32; tokens.len()];
         if !tokens.is_empty() {
             spindle_kernels::matmul::matmul_with(

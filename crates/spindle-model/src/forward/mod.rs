@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use spindle_kernels::activation::{gated, soft_cap};
 use spindle_kernels::norm::{rms_norm, rms_norm_inplace};
+use spindle_kernels::quant::panels::panel_row;
 use spindle_kernels::quant::q8_act::ActRounding;
 use spindle_kernels::quant::vertical::dequantize_vertical_row;
 use spindle_kernels::rope::RopeTable;
@@ -470,6 +471,8 @@ impl Model {
             buf.resize(len, 0.0);
         }
         let row_bytes = w.embed.data.len() / w.embed.rows;
+        // A tied head in panels: each row gathered into the file's bytes.
+        let mut file_row = Vec::new();
         for (i, row) in batch.rows.iter().enumerate() {
             let t = row.token as usize;
             let (src, dst) = (
@@ -481,6 +484,11 @@ impl Model {
                 // A head tied to the embeddings, rewritten with the layers.
                 WeightLayout::Vertical => {
                     dequantize_vertical_row(w.embed.ty, w.embed.cols, src, dst)?
+                }
+                WeightLayout::Panels => {
+                    file_row.resize(row_bytes, 0);
+                    panel_row(w.embed.cols, &w.embed.data, t, &mut file_row)?;
+                    spindle_kernels::dequantize(w.embed.ty, &file_row, dst)?
                 }
             }
         }

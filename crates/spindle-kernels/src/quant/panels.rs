@@ -1,0 +1,338 @@
+//! Q8_0 matrices in panels of 16 rows: the layout of a multi-row tile with
+//! the outputs in the lanes. One `vpdpbusd` multiplies step `k` of 16 rows
+//! (4 values each) by 4 bytes of an activation row broadcast to every lane,
+//! so a tile needs no lane reduction and no shuffles, and the fold of each
+//! block is 3 operations per 8 `vpdpbusd` (PERF §48-49). The loader puts a
+//! Q8_0 output head in this layout on AVX-512 VNNI machines.
+//!
+//! Panel `p` holds rows `16p..16p + 16`. Its block `b`, at `(p * nb + b) *
+//! 544` bytes, is the 16 rows' f16 scales (row `i`'s at byte `2i`), then 8
+//! steps of 64 bytes: byte `32 + 64k + 4i + v` is value `4k + v` of row
+//! `i`'s block `b`, stored as `s + 128`. Sizes equal the file's (16 x 34
+//! bytes a block); [`from_panels`] gives the file's bytes back, and
+//! [`panel_row`] one row of them (the readers of single rows: the tied
+//! embedding lookup, the head's screen, `logits_of`).
+//!
+//! # Bit-identical to the other paths
+//!
+//! Every path folds block `b`'s exact integer dot into lane `b % 8` with
+//! `fold_scaled` (blocks in order, lanes from zero) and adds the 8 lanes as
+//! `tree8`. Here each of a tile's registers holds 16 outputs, and the
+//! kernel visits the blocks of one lane class at a time (`j, j + 8, j + 16,
+//! ...`, in order) into its own register, then adds the 8 classes'
+//! registers in `tree8`'s order: the same operations on the same values.
+
+use super::multi_row::QuantJob;
+use crate::error::KernelError;
+use spindle_formats::GgmlType;
+
+/// Rows in a panel: the lanes of one 512-bit register of f32 or i32.
+pub const PANEL_ROWS: usize = 16;
+/// Bytes of one block of a panel (16 rows' 34 bytes).
+const BLOCK: usize = PANEL_ROWS * 34;
+
+/// Whether a matrix of this type and shape can be held in panels.
+pub fn panels_supported(ty: GgmlType, rows: usize, cols: usize) -> bool {
+    ty == GgmlType::Q8_0
+        && rows > 0
+        && rows.is_multiple_of(PANEL_ROWS)
+        && cols > 0
+        && cols.is_multiple_of(32)
+}
+
+/// Blocks per row, after checking that `len` bytes are such a matrix.
+fn blocks(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<usize, KernelError> {
+    if !panels_supported(ty, rows, cols) {
+        return Err(KernelError::unsupported(format!(
+            "panels of 16 rows for {ty} {rows} x {cols} (Q8_0, rows a multiple of 16)"
+        )));
+    }
+    let nb = cols / 32;
+    if len != rows * nb * 34 {
+        return Err(KernelError::size(
+            format!("Q8_0 weight bytes ({rows} x {cols})"),
+            rows * nb * 34,
+            len,
+        ));
+    }
+    Ok(nb)
+}
+
+/// Rewrites a Q8_0 matrix (the file's bytes) into panels, in place.
+pub fn to_panels(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    data: &mut [u8],
+) -> Result<(), KernelError> {
+    let nb = blocks(ty, rows, cols, data.len())?;
+    let mut file = vec![0u8; BLOCK * nb];
+    for panel in data.chunks_exact_mut(BLOCK * nb) {
+        file.copy_from_slice(panel);
+        for b in 0..nb {
+            let dst = &mut panel[b * BLOCK..(b + 1) * BLOCK];
+            for i in 0..PANEL_ROWS {
+                let src = &file[(i * nb + b) * 34..(i * nb + b + 1) * 34];
+                dst[2 * i..2 * i + 2].copy_from_slice(&src[..2]);
+                for k in 0..8 {
+                    let v = u32::from_le_bytes(src[2 + 4 * k..6 + 4 * k].try_into().unwrap());
+                    // `s + 128` is the byte with its top bit flipped.
+                    let at = 32 + 64 * k + 4 * i;
+                    dst[at..at + 4].copy_from_slice(&(v ^ 0x8080_8080).to_le_bytes());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Row `r` of a matrix in panels, as the file has it (`cols / 32 * 34`
+/// bytes into `dst`).
+pub fn panel_row(cols: usize, data: &[u8], r: usize, dst: &mut [u8]) -> Result<(), KernelError> {
+    let nb = cols / 32;
+    let (p, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
+    let panel = data
+        .get(p * BLOCK * nb..(p + 1) * BLOCK * nb)
+        .filter(|_| cols.is_multiple_of(32))
+        .ok_or_else(|| KernelError::unsupported(format!("row {r} of a panel matrix of {cols}")))?;
+    if dst.len() != nb * 34 {
+        return Err(KernelError::size("Q8_0 row bytes", nb * 34, dst.len()));
+    }
+    for (b, out) in dst.chunks_exact_mut(34).enumerate() {
+        let src = &panel[b * BLOCK..(b + 1) * BLOCK];
+        out[..2].copy_from_slice(&src[2 * i..2 * i + 2]);
+        for k in 0..8 {
+            let at = 32 + 64 * k + 4 * i;
+            let v = u32::from_le_bytes(src[at..at + 4].try_into().unwrap());
+            out[2 + 4 * k..6 + 4 * k].copy_from_slice(&(v ^ 0x8080_8080).to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// The file's bytes of a matrix in panels, into `dst`.
+pub fn from_panels(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), KernelError> {
+    let nb = blocks(ty, rows, cols, src.len())?;
+    if dst.len() != src.len() {
+        return Err(KernelError::size("Q8_0 weight bytes", src.len(), dst.len()));
+    }
+    for (r, row) in dst.chunks_exact_mut(nb * 34).enumerate() {
+        panel_row(cols, src, r, row)?;
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use vnni::range_vnni_panels;
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{QuantJob, BLOCK, PANEL_ROWS};
+    use std::arch::x86_64::*;
+
+    /// Activation rows per register tile.
+    const RA: usize = 6;
+    /// Panel pairs ahead whose bytes a tile asks into L2 while it runs.
+    const PAIRS_AHEAD: usize = 4;
+
+    /// Weight rows `r0..r1` (a matrix in panels) x activation rows `i0..i1`:
+    /// tiles of 2 panels x 6 rows, each panel's outputs written only where
+    /// they fall in `r0..r1`.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available; `job.data` is a
+    /// Q8_0 matrix of `job.rows x job.cols` in panels and `job.acts` its
+    /// Block32 activations; the caller owns output elements `(i, r)` for `i`
+    /// in `i0..i1`, `r` in `r0..r1`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn range_vnni_panels(
+        job: &QuantJob<'_>,
+        r0: usize,
+        r1: usize,
+        i0: usize,
+        i1: usize,
+    ) {
+        unsafe {
+            let nb = job.cols / 32;
+            assert!(
+                job.rows.is_multiple_of(PANEL_ROWS)
+                    && r1 <= job.rows
+                    && job.data.len() >= job.rows * nb * 34
+                    && i1 <= job.acts.n(),
+                "panel kernel: inconsistent shapes"
+            );
+            let (p1, mut p) = (r1.div_ceil(PANEL_ROWS), r0 / PANEL_ROWS);
+            while p < p1 {
+                let two = p + 1 < p1;
+                let ahead = (p + 2 * PAIRS_AHEAD).min(p1);
+                let mut i = i0;
+                while i < i1 {
+                    let ct = (i1 - i).min(RA);
+                    let t = Tile {
+                        job,
+                        nb,
+                        panel: p,
+                        row: i,
+                        rows: (r0, r1),
+                        // Only the first rows' pass streams the weights in.
+                        prefetch: (i == i0 && ahead > p + 1).then_some(ahead),
+                    };
+                    macro_rules! run {
+                        ($($n:literal)*) => {
+                            match (two, ct) {
+                                $((true, $n) => t.run::<2, $n>(),)*
+                                $((false, $n) => t.run::<1, $n>(),)*
+                                _ => unreachable!("tiles have 1 to {RA} rows"),
+                            }
+                        };
+                    }
+                    run!(1 2 3 4 5 6);
+                    i += ct;
+                }
+                p += if two { 2 } else { 1 };
+            }
+        }
+    }
+
+    /// One register tile: `PO` panels from `panel` on, activation rows from
+    /// `row` on.
+    struct Tile<'a, 'j> {
+        job: &'a QuantJob<'j>,
+        nb: usize,
+        panel: usize,
+        row: usize,
+        /// Weight rows whose outputs this call owns.
+        rows: (usize, usize),
+        /// The panel whose blocks to ask into L2 alongside (the same block
+        /// as the one being multiplied).
+        prefetch: Option<usize>,
+    }
+
+    impl Tile<'_, '_> {
+        /// # Safety
+        /// As [`range_vnni_panels`]; panels `panel..panel + PO` and
+        /// activation rows `row..row + RN` exist.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        // Indexed loops over the register tile read as its coordinates.
+        #[allow(clippy::needless_range_loop)]
+        unsafe fn run<const PO: usize, const RN: usize>(&self) {
+            unsafe {
+                let nb = self.nb;
+                let w = self.job.data.as_ptr().add(self.panel * nb * BLOCK);
+                // Rows follow each other in the activations' buffers
+                // (`QuantizedActs::row`): row `row + r`'s values at `qs + r *
+                // cols`, its block scales and sums at `d + r * nb`, `bs + r * nb`.
+                let (first, last) = (
+                    self.job
+                        .acts
+                        .row(self.row)
+                        .expect("activation row in range"),
+                    self.job
+                        .acts
+                        .row(self.row + RN - 1)
+                        .expect("activation row in range"),
+                );
+                let cols = 32 * nb;
+                assert!(
+                    first.qs.len() == cols
+                        && first.d.len() == nb
+                        && first.bsums.len() == nb
+                        && last.qs.as_ptr() == first.qs.as_ptr().add((RN - 1) * cols)
+                        && last.d.as_ptr() == first.d.as_ptr().add((RN - 1) * nb)
+                        && last.bsums.as_ptr() == first.bsums.as_ptr().add((RN - 1) * nb),
+                    "panel kernel: activation rows not one after another"
+                );
+                let (qs, da, bs) = (
+                    first.qs.as_ptr().cast::<u8>(),
+                    first.d.as_ptr(),
+                    first.bsums.as_ptr(),
+                );
+                let pre = self
+                    .prefetch
+                    .map(|q| self.job.data.as_ptr().add(q * nb * BLOCK));
+                // The 8 lane classes' registers, kept until the tree.
+                let mut class = [[[_mm512_setzero_ps(); RN]; PO]; 8];
+                for (j, class) in class.iter_mut().enumerate().take(nb.min(8)) {
+                    let mut facc = [[_mm512_setzero_ps(); RN]; PO];
+                    let mut b = j;
+                    while b < nb {
+                        let wb: [*const u8; PO] =
+                            std::array::from_fn(|o| w.add((o * nb + b) * BLOCK));
+                        if let Some(pre) = pre {
+                            for o in 0..PO {
+                                let at = pre.add((o * nb + b) * BLOCK);
+                                for line in (0..BLOCK).step_by(64) {
+                                    _mm_prefetch(at.add(line).cast(), _MM_HINT_T1);
+                                }
+                            }
+                        }
+                        // The offset: sum (s + 128) x = sum s x + 128 sum x.
+                        let mut acc = [[_mm512_setzero_si512(); RN]; PO];
+                        for r in 0..RN {
+                            let init = _mm512_set1_epi32(-128 * *bs.add(r * nb + b) as i32);
+                            for acc in acc.iter_mut() {
+                                acc[r] = init;
+                            }
+                        }
+                        for k in 0..8 {
+                            let wv: [__m512i; PO] = std::array::from_fn(|o| {
+                                _mm512_loadu_si512(wb[o].add(32 + 64 * k).cast())
+                            });
+                            for r in 0..RN {
+                                let x = qs.add(r * cols + 32 * b + 4 * k).cast::<i32>();
+                                let av = _mm512_set1_epi32(x.read_unaligned());
+                                for (acc, wv) in acc.iter_mut().zip(&wv) {
+                                    acc[r] = _mm512_dpbusd_epi32(acc[r], *wv, av);
+                                }
+                            }
+                        }
+                        // fma(dw * da, isum, lane), as `fold_scaled`.
+                        for o in 0..PO {
+                            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(wb[o].cast()));
+                            for r in 0..RN {
+                                let s = _mm512_mul_ps(dw, _mm512_set1_ps(*da.add(r * nb + b)));
+                                let isum = _mm512_cvtepi32_ps(acc[o][r]);
+                                facc[o][r] = _mm512_fmadd_ps(s, isum, facc[o][r]);
+                            }
+                        }
+                        b += 8;
+                    }
+                    *class = facc;
+                }
+                // `tree8`: (l0 + l4, l1 + l5, l2 + l6, l3 + l7), then pairs.
+                let (r0, r1) = self.rows;
+                for o in 0..PO {
+                    let base = (self.panel + o) * PANEL_ROWS;
+                    let (lo, hi) = (r0.max(base), r1.min(base + PANEL_ROWS));
+                    if lo >= hi {
+                        continue;
+                    }
+                    let keep = ((1u32 << (hi - base)) - (1u32 << (lo - base))) as __mmask16;
+                    for r in 0..RN {
+                        let l = |j: usize| class[j][o][r];
+                        let h = [
+                            _mm512_add_ps(l(0), l(4)),
+                            _mm512_add_ps(l(1), l(5)),
+                            _mm512_add_ps(l(2), l(6)),
+                            _mm512_add_ps(l(3), l(7)),
+                        ];
+                        let q = [_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3])];
+                        let v = _mm512_add_ps(q[0], q[1]);
+                        let at = (self.row + r) * self.job.rows;
+                        // SAFETY (of the slice): the caller owns outputs lo..hi of
+                        // this activation row; the masked store writes only those.
+                        let dst = self.job.out.slice(at + lo, hi - lo);
+                        _mm512_mask_storeu_ps(dst.as_mut_ptr().wrapping_sub(lo - base), keep, v);
+                    }
+                }
+            }
+        }
+    }
+}
