@@ -51,50 +51,38 @@ fn check(rows: usize, cols: usize, n: usize, seed: u64) {
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         let mut screen = HeadScreen::build(&w, &calib, &pool).unwrap();
+        // A head the loader rewrote (into the vertical layout, or a Q8_0
+        // head into panels of 16 rows) screens exactly as the file's.
+        let same_screen = |bytes: &[u8], layout: WeightLayout| {
+            let view = WeightView::new(GgmlType::Q8_0, rows, cols, bytes)
+                .unwrap()
+                .with_layout(layout);
+            let other = HeadScreen::build(&view, &calib, &pool).unwrap();
+            let isa = detected_isa();
+            let a = screen
+                .bounds(isa, ActRounding::Block32, &x, n, &pool)
+                .unwrap();
+            let b = other
+                .bounds(isa, ActRounding::Block32, &x, n, &pool)
+                .unwrap();
+            let same =
+                a.ub.iter()
+                    .zip(&b.ub)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same && a.likeliest == b.likeliest,
+                "{layout:?} head's screen differs"
+            );
+        };
         if vertical_supported(GgmlType::Q8_0, cols) {
-            // A head the loader rewrote into the vertical layout screens
-            // exactly as the file's.
             let mut v = data.clone();
             to_vertical(GgmlType::Q8_0, cols, &mut v).unwrap();
-            let wv = WeightView::new(GgmlType::Q8_0, rows, cols, &v)
-                .unwrap()
-                .with_layout(WeightLayout::Vertical);
-            let sv = HeadScreen::build(&wv, &calib, &pool).unwrap();
-            let isa = detected_isa();
-            let a = screen
-                .bounds(isa, ActRounding::Block32, &x, n, &pool)
-                .unwrap();
-            let b = sv.bounds(isa, ActRounding::Block32, &x, n, &pool).unwrap();
-            let same =
-                a.ub.iter()
-                    .zip(&b.ub)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same && a.likeliest == b.likeliest,
-                "vertical head's screen differs"
-            );
+            same_screen(&v, WeightLayout::Vertical);
         }
         if panels_supported(GgmlType::Q8_0, rows, cols) {
-            // And one in panels of 16 rows (a Q8_0 head on VNNI machines).
             let mut p = data.clone();
             to_panels(GgmlType::Q8_0, rows, cols, &mut p).unwrap();
-            let wp = WeightView::new(GgmlType::Q8_0, rows, cols, &p)
-                .unwrap()
-                .with_layout(WeightLayout::Panels);
-            let sp = HeadScreen::build(&wp, &calib, &pool).unwrap();
-            let isa = detected_isa();
-            let a = screen
-                .bounds(isa, ActRounding::Block32, &x, n, &pool)
-                .unwrap();
-            let b = sp.bounds(isa, ActRounding::Block32, &x, n, &pool).unwrap();
-            let same =
-                a.ub.iter()
-                    .zip(&b.ub)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same && a.likeliest == b.likeliest,
-                "the screen of a head in panels differs"
-            );
+            same_screen(&p, WeightLayout::Panels);
         }
         for isa in available_isas() {
             for rounding in [ActRounding::Block32, ActRounding::Ggml] {
