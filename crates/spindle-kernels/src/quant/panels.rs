@@ -170,7 +170,10 @@ mod vnni {
             let (p1, mut p) = (r1.div_ceil(PANEL_ROWS), r0 / PANEL_ROWS);
             while p < p1 {
                 let two = p + 1 < p1;
-                let ahead = (p + 2 * PAIRS_AHEAD).min(p1);
+                // Panels further on in the matrix (whoever computes them):
+                // two whole ones, so the addresses stay inside it.
+                let ahead = p + 2 * PAIRS_AHEAD;
+                let in_matrix = ahead + 2 <= job.rows / PANEL_ROWS;
                 let mut i = i0;
                 while i < i1 {
                     let ct = (i1 - i).min(RA);
@@ -181,7 +184,7 @@ mod vnni {
                         row: i,
                         rows: (r0, r1),
                         // Only the first rows' pass streams the weights in.
-                        prefetch: (i == i0 && ahead > p + 1).then_some(ahead),
+                        prefetch: (i == i0 && in_matrix).then_some(ahead),
                     };
                     macro_rules! run {
                         ($($n:literal)*) => {
