@@ -27,7 +27,8 @@ use crate::error::KernelError;
 use crate::matmul::WeightView;
 use crate::quant::panels::panel_row;
 use crate::quant::q8_act::{ActRounding, QuantizedActs};
-use crate::quant::vertical::{q8_0_vertical_block, WeightLayout};
+use crate::quant::vertical::q8_0_vertical_block;
+use crate::quant::WeightLayout;
 use crate::simd::Isa;
 use crate::threadpool::ThreadPool;
 use spindle_formats::{GgmlType, Storage};
@@ -110,11 +111,8 @@ impl HeadScreen {
         // (vertical), or each row gathered as the file has it (panels).
         let vertical = w.layout == WeightLayout::Vertical;
         let panels = w.layout == WeightLayout::Panels;
-        if panels && !crate::quant::panels::panels_supported(w.ty, w.rows, w.cols) {
-            return Err(KernelError::unsupported(format!(
-                "panels of 16 rows for {} {} x {}",
-                w.ty, w.rows, w.cols
-            )));
+        if panels {
+            crate::quant::panels::check_shape(w.ty, w.rows, w.cols)?;
         }
         {
             let nib = Shared(nibbles.as_mut_ptr());

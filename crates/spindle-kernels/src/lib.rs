@@ -23,6 +23,6 @@ pub use error::KernelError;
 pub use matmul::{matmul, WeightView};
 pub use quant::dequantize;
 pub use quant::finite::{first_bad_scale, first_non_finite};
-pub use quant::vertical::WeightLayout;
+pub use quant::WeightLayout;
 pub use spindle_formats::GgmlType;
 pub use threadpool::ThreadPool;

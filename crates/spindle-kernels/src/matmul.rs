@@ -29,9 +29,10 @@
 use crate::error::KernelError;
 use crate::quant::kernels::{FloatRowsFn, Grain, Kernel, QuantMulti, QuantRowsFn};
 use crate::quant::multi_row::{self, ActGroup, QuantJob};
-use crate::quant::panels::{from_panels, panels_supported};
+use crate::quant::panels::{check_shape as check_panels, from_panels};
 use crate::quant::q8_act::{ActFormat, ActRounding, QuantizedActs};
-use crate::quant::vertical::{from_vertical, vertical_supported, WeightLayout};
+use crate::quant::vertical::{from_vertical, vertical_supported};
+use crate::quant::WeightLayout;
 use crate::quant::{checked_bytes, float, registry};
 use crate::simd::{detected_isa, Isa};
 use crate::threadpool::ThreadPool;
@@ -96,11 +97,8 @@ impl<'a> WeightView<'a> {
                 self.ty, self.cols
             )));
         }
-        if self.layout == WeightLayout::Panels && !panels_supported(self.ty, self.rows, self.cols) {
-            return Err(KernelError::unsupported(format!(
-                "panels of 16 rows for {} {} x {}",
-                self.ty, self.rows, self.cols
-            )));
+        if self.layout == WeightLayout::Panels {
+            check_panels(self.ty, self.rows, self.cols)?;
         }
         if self.data.len() != total {
             return Err(KernelError::size(
@@ -376,7 +374,8 @@ fn panels_kernel(
     isa: Isa,
     rounding: ActRounding,
 ) -> Option<(QuantMulti, QuantMulti)> {
-    if ty != GgmlType::Q8_0 || rounding.format_for(ty) != Some(ActFormat::Block32) {
+    // (A view in panels is Q8_0: `WeightView::validate`.)
+    if rounding.format_for(ty) != Some(ActFormat::Block32) {
         return None;
     }
     crate::quant::kernels::panels(isa)

@@ -45,6 +45,19 @@ use crate::simd::tree8;
 use q8_act::ActRow;
 use spindle_formats::GgmlType;
 
+/// How a matrix's bytes are ordered: the file's order, or one the loader
+/// rewrote for the VNNI kernels (any other path converts back first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightLayout {
+    /// As in the GGUF file.
+    #[default]
+    Gguf,
+    /// Rewritten by [`vertical::to_vertical`].
+    Vertical,
+    /// Q8_0 in panels of 16 rows ([`panels::to_panels`]).
+    Panels,
+}
+
 /// Dequantizes `dst.len()` values of type `ty` from `src`.
 ///
 /// `dst.len()` must be a whole number of blocks and `src` exactly

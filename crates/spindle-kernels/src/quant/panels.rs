@@ -40,13 +40,19 @@ pub fn panels_supported(ty: GgmlType, rows: usize, cols: usize) -> bool {
         && cols.is_multiple_of(32)
 }
 
+/// [`panels_supported`] as an error that says what panels hold.
+pub(crate) fn check_shape(ty: GgmlType, rows: usize, cols: usize) -> Result<(), KernelError> {
+    if panels_supported(ty, rows, cols) {
+        return Ok(());
+    }
+    Err(KernelError::unsupported(format!(
+        "panels of 16 rows for {ty} {rows} x {cols} (Q8_0, rows a multiple of 16)"
+    )))
+}
+
 /// Blocks per row, after checking that `len` bytes are such a matrix.
 fn blocks(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<usize, KernelError> {
-    if !panels_supported(ty, rows, cols) {
-        return Err(KernelError::unsupported(format!(
-            "panels of 16 rows for {ty} {rows} x {cols} (Q8_0, rows a multiple of 16)"
-        )));
-    }
+    check_shape(ty, rows, cols)?;
     let nb = cols / 32;
     if len != rows * nb * 34 {
         return Err(KernelError::size(

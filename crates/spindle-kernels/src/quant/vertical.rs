@@ -34,18 +34,6 @@ use super::multi_row::WGroup;
 use crate::error::KernelError;
 use spindle_formats::GgmlType;
 
-/// How a matrix's bytes are ordered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WeightLayout {
-    /// As in the GGUF file.
-    #[default]
-    Gguf,
-    /// Rewritten by [`to_vertical`].
-    Vertical,
-    /// Q8_0 in panels of 16 rows ([`super::panels::to_panels`]).
-    Panels,
-}
-
 /// Where a type's value bits above the nibble go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum High {
