@@ -2,8 +2,9 @@
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight`, one row.
 ///
-/// The sum of squares is taken in f64 in index order, so the result depends
-/// only on the row (batch-invariant) and stays close to a float32 reference.
+/// The sum of squares is taken in f64 (lane by lane, [`lanes_sum`]), so the
+/// result depends only on the row (batch-invariant) and stays close to a
+/// float32 reference.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert_eq!(x.len(), weight.len());
     debug_assert_eq!(x.len(), out.len());
@@ -23,9 +24,27 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let ss = lanes_sum(x, |v| v * v);
     let mean = ss / x.len().max(1) as f64;
     (1.0 / (mean + eps as f64).sqrt()) as f32
+}
+
+/// `sum f(x[k])` in f64, element `k` in lane `k % 8`, the lanes then added
+/// in a fixed order: the result depends only on the row, and the 8 chains
+/// run side by side (one chain of f64 adds in index order made the norms of
+/// a 16-row pass ~5% of it, docs/PERF.md §50).
+fn lanes_sum(x: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    let mut l = [0.0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (a, &v) in l.iter_mut().zip(chunk) {
+            *a += f(v as f64);
+        }
+    }
+    for (a, &v) in l.iter_mut().zip(chunks.remainder()) {
+        *a += f(v as f64);
+    }
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
 /// `x = (x - mean) / sqrt(var + eps) * weight + bias`, one row, in place
@@ -35,15 +54,6 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
 pub fn layer_norm_inplace(x: &mut [f32], weight: &[f32], bias: &[f32], eps: f32) {
     debug_assert_eq!(x.len(), weight.len());
     debug_assert_eq!(x.len(), bias.len());
-    fn lanes_sum(x: &[f32], f: impl Fn(f64) -> f64) -> f64 {
-        let mut l = [0.0f64; 8];
-        for chunk in x.chunks(8) {
-            for (a, &v) in l.iter_mut().zip(chunk) {
-                *a += f(v as f64);
-            }
-        }
-        ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-    }
     let n = x.len().max(1) as f64;
     let mean = lanes_sum(x, |v| v) / n;
     let var = lanes_sum(x, |v| (v - mean) * (v - mean)) / n;

@@ -23,6 +23,26 @@ pub(crate) fn for_each_task(pool: &ThreadPool, n_tasks: usize, f: impl Fn(usize)
     });
 }
 
+/// Fewer values than this in a cheap row-wise step (a norm, a residual add)
+/// and it runs on the calling thread: handing a few microseconds of work to
+/// the pool can cost more than the work (docs/PERF.md §50).
+const SERIAL_ROW_VALUES: usize = 24 * 1024;
+
+/// [`for_each_task`] over `n_rows` rows of `row_values` values each, on the
+/// calling thread alone when they are few.
+pub(crate) fn for_each_row(
+    pool: &ThreadPool,
+    n_rows: usize,
+    row_values: usize,
+    f: impl Fn(usize) + Sync,
+) {
+    if n_rows.saturating_mul(row_values) < SERIAL_ROW_VALUES {
+        (0..n_rows).for_each(f);
+        return;
+    }
+    for_each_task(pool, n_rows, f)
+}
+
 /// A mutable slice shared by tasks that write disjoint chunks of it.
 pub(crate) struct DisjointChunks<'a, T> {
     ptr: *mut T,

@@ -1,5 +1,6 @@
 //! Row-wise steps of a layer: norms, residual adds, q/k norms with rope,
-//! gated activations, biases, each over the rows of the pass in parallel.
+//! gated activations, biases, each over the rows of the pass in parallel
+//! (norms and residual adds only when the rows are many: `for_each_row`).
 
 use super::*;
 
@@ -9,7 +10,7 @@ impl Model {
         let dim = w.len();
         let eps = self.config.rms_eps;
         let rows = DisjointChunks::new(&mut out[..n * dim], dim);
-        for_each_task(&self.pool, n, |i| {
+        for_each_row(&self.pool, n, dim, |i| {
             // SAFETY: row i belongs to this task alone.
             rms_norm(&x[i * dim..(i + 1) * dim], w, eps, unsafe {
                 rows.chunk_mut(i)
@@ -31,7 +32,7 @@ impl Model {
             DisjointChunks::new(&mut h[..n * dim], dim),
             DisjointChunks::new(&mut o[..n * dim], dim),
         );
-        for_each_task(&self.pool, n, |i| {
+        for_each_row(&self.pool, n, dim, |i| {
             // SAFETY: row i of both belongs to this task alone.
             let (h_row, o_row) = unsafe { (hs.chunk_mut(i), os.chunk_mut(i)) };
             if let Some(w) = post_norm {
