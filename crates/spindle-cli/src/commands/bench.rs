@@ -10,7 +10,7 @@ use spindle_engine::bench::{
 };
 use spindle_engine::EngineError;
 use spindle_kernels::int8_peak::int8_mac_peaks;
-use spindle_kernels::membw::read_bandwidth;
+use spindle_kernels::membw::{handoff_round_trip, read_bandwidth};
 use spindle_kernels::ThreadPool;
 use spindle_model::{KvCache, Model};
 
@@ -120,6 +120,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut kv = model.new_kv_cache(kv_type, max_len, 1);
 
     let bandwidth = read_bandwidth(&ThreadPool::new(threads), 1 << 30, 3);
+    let handoff = handoff_round_trip(&ThreadPool::new(threads), 20_000, 5);
     let peaks = int8_mac_peaks(threads, 0.3);
     let w = &model.weights;
     let bytes_per_pass =
@@ -258,6 +259,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "tg_chosen_token": tg_chosen.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
             "bytes_per_decode_pass": bytes_per_pass,
             "memory_bandwidth_bytes_per_s": bandwidth,
+            "thread_handoff_round_trip_ns": handoff.map(|s| s * 1e9),
             "bandwidth_fraction": fraction,
             "int8_mac_peaks": peaks.iter().map(|p| json!({
                 "path": p.path,
@@ -312,6 +314,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "memory read bandwidth (1 GiB, {threads} threads): {:.1} GB/s",
         bandwidth / 1e9
     );
+    if let Some(s) = handoff {
+        // Where the threads sit: tens of ns on cores sharing a cache,
+        // hundreds across dies; numbers from the two differ (PERF.md §50).
+        println!(
+            "thread hand-off (a cache line between two pool threads and back): {:.0} ns",
+            s * 1e9
+        );
+    }
     println!();
     println!("int8 multiply-accumulate peak (register-only loop, best of 3):");
     println!("| path | instructions | GMAC/s 1 thread | GMAC/s {threads} threads |");
