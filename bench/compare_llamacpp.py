@@ -14,6 +14,10 @@ cpu = spindle.get("cpu") or platform.processor()
 print(f"command: {command}")
 print(f"cpu: {cpu} | threads: {spindle['threads']} | spindle isa: {spindle['isa']} | model: {spindle['model']}")
 print(f"memory read bandwidth: {spindle['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+if spindle.get("thread_handoff_round_trip_ns") is not None:
+    # Where the threads sat during spindle's run: ~60 ns on one die of this
+    # VM's host, ~330 across two (docs/PERF.md §50).
+    print(f"thread hand-off (cache line round trip): {spindle['thread_handoff_round_trip_ns']:.0f} ns")
 for r in llama:
     version = os.environ.get("LLAMA_VERSION") or f"build {r.get('build_commit', '?')} ({r.get('build_number', '?')})"
     print(f"llama.cpp: {version}, backend {r.get('backends', r.get('backend', '?'))}, threads {r.get('n_threads')}")
