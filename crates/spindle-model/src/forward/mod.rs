@@ -21,7 +21,7 @@ use crate::batch::{Batch, SeqId};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{KvCache, KvLayout, KvType, BLOCK};
-use crate::parallel::{for_each_row, for_each_task, DisjointChunks};
+use crate::parallel::{for_each_row, for_each_row_range, for_each_task, DisjointChunks};
 use crate::profile::{OpClock, OpTimes};
 use crate::weights::{FeedForward, Matrix, Weights};
 

@@ -1,6 +1,7 @@
 //! Row-wise steps of a layer: norms, residual adds, q/k norms with rope,
-//! gated activations, biases, each over the rows of the pass in parallel
-//! (norms and residual adds only when the rows are many: `for_each_row`).
+//! gated activations, biases, each over the rows of the pass, every thread
+//! on its own contiguous rows (norms and residual adds on the calling thread
+//! when the rows are few: `for_each_row`).
 
 use super::*;
 
@@ -67,7 +68,7 @@ impl Model {
             DisjointChunks::new(&mut q[..n * qd], qd),
             DisjointChunks::new(&mut k[..n * kvd], kvd),
         );
-        for_each_task(&self.pool, n, |i| {
+        for_each_row_range(&self.pool, n, |i| {
             // SAFETY: row i of both belongs to this task alone.
             let (q_row, k_row) = unsafe { (qs.chunk_mut(i), ks.chunk_mut(i)) };
             if let Some(w) = &lw.q_norm {
@@ -89,7 +90,7 @@ impl Model {
         let ff = self.config.n_ff;
         let act = self.config.arch.activation;
         let rows = DisjointChunks::new(&mut gate[..n * ff], ff);
-        for_each_task(&self.pool, n, |i| {
+        for_each_row_range(&self.pool, n, |i| {
             // SAFETY: row i belongs to this task alone.
             gated(
                 self.isa,
