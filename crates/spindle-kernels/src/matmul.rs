@@ -393,9 +393,13 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
 /// rows `r0..r1` x activation rows `i0..i1`. The work is cut into items (a
 /// chunk of activation rows of about L2 size, read as `act_row_bytes` per row,
 /// x a block of whole weight-row tiles), taken in order from a shared counter
-/// so that a thread the OS holds up does not hold up the others. Each output
-/// is still computed by exactly the same operations, whoever takes it. Small
-/// problems run on the caller alone.
+/// so that a thread the OS holds up does not hold up the others. When every
+/// thread has at least a chunk of rows of its own (a prompt), each thread
+/// instead takes its own contiguous activation rows, the ones it quantized
+/// and the row-wise steps give it, against every weight row: the rows stay
+/// in its cache, and on its die, from step to step (docs/PERF.md §50). Each
+/// output is still computed by exactly the same operations, whoever takes
+/// it. Small problems run on the caller alone.
 fn run_split_multi(
     pool: &ThreadPool,
     shape: &Shape,
@@ -419,9 +423,29 @@ fn run_split_multi(
     let tiles = rows.div_ceil(weight_rows);
     let block_tiles = tiles.div_ceil(4 * threads).max(1);
     let blocks = tiles.div_ceil(block_tiles);
-    // Chunks of activation rows; smaller ones when there are too few blocks
-    // to keep every thread busy.
-    let mut chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
+    // Chunks of activation rows of about L2 size.
+    let own_chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
+    if n >= threads * own_chunk {
+        pool.run(&|t, nt| {
+            // The quantization's split (`QuantizedActs::quantize_on`), on
+            // the kernel's row grain.
+            let (a0, a1) = (
+                (n * t / nt).next_multiple_of(act_rows).min(n),
+                (n * (t + 1) / nt).next_multiple_of(act_rows).min(n),
+            );
+            for i0 in (a0..a1).step_by(own_chunk) {
+                for b in 0..blocks {
+                    let r0 = (b * block_tiles * weight_rows).min(rows);
+                    let r1 = ((b + 1) * block_tiles * weight_rows).min(rows);
+                    f(r0, r1, i0, (i0 + own_chunk).min(a1));
+                }
+            }
+        });
+        return;
+    }
+    // Shared items: smaller chunks when there are too few blocks to keep
+    // every thread busy.
+    let mut chunk = own_chunk;
     if blocks < 2 * threads {
         let want_chunks = (2 * threads).div_ceil(blocks);
         chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(act_rows));

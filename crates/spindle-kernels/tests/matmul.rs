@@ -295,6 +295,49 @@ fn batch_and_thread_invariant_bit_identical() {
 }
 
 #[test]
+fn prompt_sized_batches_split_by_rows_bit_identical() {
+    // Enough activation rows that every thread gets whole chunks of its own
+    // (`run_split_multi` then splits by activation rows, not weight rows):
+    // the same bits as one thread, as the other paths, and as a row alone.
+    let mut rng = StdRng::seed_from_u64(23);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let n = 480;
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
+        GgmlType::F16,
+    ] {
+        let cols = invariance_shape(ty).1;
+        let rows = 40;
+        let w = Weights::random(&mut rng, ty, rows, cols);
+        let x = random_acts(&mut rng, n, cols);
+        let isas = available_isas();
+        let reference = bits(&w.run(isas[0], &x, n, &pools[0]));
+        for &isa in &isas {
+            for pool in &pools {
+                let full = w.run(isa, &x, n, pool);
+                assert_same(
+                    &bits(&full),
+                    &reference,
+                    format_args!("{ty} {isa} {} threads, n={n}", pool.n_threads()),
+                );
+            }
+            for i in [0, 161, 317, n - 1] {
+                let one = w.run(isa, &x[i * cols..(i + 1) * cols], 1, &pools[1]);
+                assert_same(
+                    &bits(&one),
+                    &reference[i * rows..(i + 1) * rows],
+                    format_args!("{ty} {isa}: row {i} alone"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn default_isa_is_available_and_used() {
     assert!(detected_isa().is_available());
     let mut rng = StdRng::seed_from_u64(3);
