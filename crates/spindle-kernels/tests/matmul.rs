@@ -254,26 +254,11 @@ fn batch_and_thread_invariant_bit_identical() {
         let (rows, cols) = invariance_shape(ty);
         let w = Weights::random(&mut rng, ty, rows, cols);
         let x = random_acts(&mut rng, n, cols);
-        let isas = available_isas();
-        let reference = bits(&w.run(isas[0], &x, n, &pools[0]));
-        for &isa in &isas {
+        // The whole batch, and each row alone.
+        let alone: Vec<usize> = (0..n).collect();
+        let reference = every_path_gives_one_result(&w, &x, n, &pools, &alone, ty);
+        for &isa in &available_isas() {
             for pool in &pools {
-                // The whole batch.
-                let full = w.run(isa, &x, n, pool);
-                assert_same(
-                    &bits(&full),
-                    &reference,
-                    format_args!("{ty} {isa} {} threads, n=16", pool.n_threads()),
-                );
-                // Each row alone.
-                for i in 0..n {
-                    let one = w.run(isa, &x[i * cols..(i + 1) * cols], 1, pool);
-                    assert_same(
-                        &bits(&one),
-                        &reference[i * rows..(i + 1) * rows],
-                        format_args!("{ty} {isa} {} threads: row {i} alone", pool.n_threads()),
-                    );
-                }
                 // A slice of 5 rows, and the same rows among other neighbours.
                 let five = w.run(isa, &x[3 * cols..8 * cols], 5, pool);
                 assert_same(
@@ -314,27 +299,44 @@ fn prompt_sized_batches_split_by_rows_bit_identical() {
         let rows = 40;
         let w = Weights::random(&mut rng, ty, rows, cols);
         let x = random_acts(&mut rng, n, cols);
-        let isas = available_isas();
-        let reference = bits(&w.run(isas[0], &x, n, &pools[0]));
-        for &isa in &isas {
-            for pool in &pools {
-                let full = w.run(isa, &x, n, pool);
-                assert_same(
-                    &bits(&full),
-                    &reference,
-                    format_args!("{ty} {isa} {} threads, n={n}", pool.n_threads()),
-                );
-            }
-            for i in [0, 161, 317, n - 1] {
-                let one = w.run(isa, &x[i * cols..(i + 1) * cols], 1, &pools[1]);
+        every_path_gives_one_result(&w, &x, n, &pools, &[0, 161, 317, n - 1], ty);
+    }
+}
+
+/// `w` times the `n` rows of `x` on every ISA and pool, bit for bit the
+/// first ISA's on one thread, and so is each row of `alone` run by itself:
+/// returns those bits.
+fn every_path_gives_one_result(
+    w: &Weights,
+    x: &[f32],
+    n: usize,
+    pools: &[ThreadPool],
+    alone: &[usize],
+    ty: GgmlType,
+) -> Vec<u32> {
+    let (rows, cols) = (w.rows, w.cols);
+    let isas = available_isas();
+    let reference = bits(&w.run(isas[0], x, n, &pools[0]));
+    for &isa in &isas {
+        for pool in pools {
+            let threads = pool.n_threads();
+            let full = w.run(isa, x, n, pool);
+            assert_same(
+                &bits(&full),
+                &reference,
+                format_args!("{ty} {isa} {threads} threads, n={n}"),
+            );
+            for &i in alone {
+                let one = w.run(isa, &x[i * cols..(i + 1) * cols], 1, pool);
                 assert_same(
                     &bits(&one),
                     &reference[i * rows..(i + 1) * rows],
-                    format_args!("{ty} {isa}: row {i} alone"),
+                    format_args!("{ty} {isa} {threads} threads: row {i} alone"),
                 );
             }
         }
     }
+    reference
 }
 
 #[test]
