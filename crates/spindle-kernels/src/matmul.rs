@@ -35,7 +35,7 @@ use crate::quant::vertical::{from_vertical, vertical_supported};
 use crate::quant::WeightLayout;
 use crate::quant::{checked_bytes, float, registry};
 use crate::simd::{detected_isa, Isa};
-use crate::threadpool::ThreadPool;
+use crate::threadpool::{row_share, ThreadPool};
 use spindle_formats::GgmlType;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -427,11 +427,12 @@ fn run_split_multi(
     let own_chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
     if n >= threads * own_chunk {
         pool.run(&|t, nt| {
-            // The quantization's split (`QuantizedActs::quantize_on`), on
-            // the kernel's row grain.
+            // The rows' share every step gives this thread, on the
+            // kernel's row grain.
+            let share = row_share(n, t, nt);
             let (a0, a1) = (
-                (n * t / nt).next_multiple_of(act_rows).min(n),
-                (n * (t + 1) / nt).next_multiple_of(act_rows).min(n),
+                share.start.next_multiple_of(act_rows).min(n),
+                share.end.next_multiple_of(act_rows).min(n),
             );
             for i0 in (a0..a1).step_by(own_chunk) {
                 for b in 0..blocks {

@@ -120,6 +120,15 @@ thread_local! {
     static IN_JOB: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Thread `t` of `nt`'s share of `n` rows, contiguous: from `n * t / nt`
+/// up to `n * (t + 1) / nt`. The activations' quantization, the row-wise
+/// steps of a pass and the prompt-sized matmuls all split rows this way, so
+/// a row stays in the cache (and on the die) of the thread that wrote it
+/// from one step to the next (docs/PERF.md §50).
+pub fn row_share(n: usize, t: usize, nt: usize) -> std::ops::Range<usize> {
+    n * t / nt..n * (t + 1) / nt
+}
+
 /// Persistent worker threads; see the module docs.
 pub struct ThreadPool {
     shared: Arc<Shared>,

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use spindle_kernels::threadpool::row_share;
 use spindle_kernels::ThreadPool;
 
 /// Runs `f(task)` for every task in `0..n_tasks`, each task on exactly one
@@ -28,18 +29,18 @@ pub(crate) fn for_each_task(pool: &ThreadPool, n_tasks: usize, f: impl Fn(usize)
 /// the pool can cost more than the work (docs/PERF.md §50).
 const SERIAL_ROW_VALUES: usize = 24 * 1024;
 
-/// Runs `f(row)` for rows `0..n_rows`, one contiguous range per thread: row
-/// `i` of `n` goes to thread `i * threads / n`, the split the activations'
-/// quantization uses, so a row-wise step finds its rows in the cache of the
-/// thread that wrote them (the dynamic split of [`for_each_task`] sent them
-/// across dies: a prompt pass's norms took 28 ms instead of 6 on a VM whose
-/// two cores sit on different dies, docs/PERF.md §50).
+/// Runs `f(row)` for rows `0..n_rows`, each thread its [`row_share`] (the
+/// activations' quantization and prompt matmuls split rows the same way),
+/// so a row-wise step finds its rows in the cache of the thread that wrote
+/// them (the dynamic split of [`for_each_task`] sent them across dies: a
+/// prompt pass's norms took 28 ms instead of 6 on a VM whose two cores sit
+/// on different dies, docs/PERF.md §50).
 pub(crate) fn for_each_row_range(pool: &ThreadPool, n_rows: usize, f: impl Fn(usize) + Sync) {
     if n_rows <= 1 || pool.n_threads() <= 1 {
         (0..n_rows).for_each(f);
         return;
     }
-    pool.run(&|t, nt| (n_rows * t / nt..n_rows * (t + 1) / nt).for_each(&f));
+    pool.run(&|t, nt| row_share(n_rows, t, nt).for_each(&f));
 }
 
 /// [`for_each_row_range`] over `n_rows` rows of `row_values` values each, on

@@ -208,7 +208,8 @@ impl QuantizedActs {
                 // Borrowed whole (not its fields), so the closure is Sync.
                 let parts = &parts;
                 pool.run(&|t, nt| {
-                    let (r0, r1) = (n * t / nt, n * (t + 1) / nt);
+                    let share = crate::threadpool::row_share(n, t, nt);
+                    let (r0, r1) = (share.start, share.end);
                     if r0 == r1 {
                         return;
                     }
