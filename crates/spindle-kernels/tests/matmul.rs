@@ -301,6 +301,12 @@ fn prompt_sized_batches_split_by_rows_bit_identical() {
         let x = random_acts(&mut rng, n, cols);
         every_path_gives_one_result(&w, &x, n, &pools, &[0, 161, 317, n - 1], ty);
     }
+    // Long rows: chunks of the minimum row count (128), so each thread's
+    // share is cut into chunks that end inside it.
+    let (ty, rows, cols) = (GgmlType::Q4_K, 16, 4096);
+    let w = Weights::random(&mut rng, ty, rows, cols);
+    let x = random_acts(&mut rng, n, cols);
+    every_path_gives_one_result(&w, &x, n, &pools, &[0, 127, 128, n - 1], ty);
 }
 
 /// `w` times the `n` rows of `x` on every ISA and pool, bit for bit the

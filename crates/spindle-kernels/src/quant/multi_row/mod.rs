@@ -61,6 +61,13 @@ pub(crate) const NR: usize = 2;
 /// Aim for chunks of packed activation rows of about this many bytes (L2
 /// resident while every weight tile of a thread runs against them).
 const ACT_CHUNK_BYTES: usize = 160 * 1024;
+/// But never fewer rows than this: every chunk streams the whole matrix
+/// from memory again and unpacks each of its tiles again, so chunks of a
+/// few long rows (8 rows of 14,336 values at 160 KiB) cost more in weight
+/// traffic than activations read from L3 instead of L2 do (an 8B model's
+/// `ffn_down` at 512 rows: 79-134 GMAC/s in chunks of 8, 223-278 in chunks
+/// of 128; docs/PERF.md §51).
+const MIN_CHUNK_ROWS: usize = 128;
 
 /// How a type's exact block dot becomes a float term of lane `b % 8`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,9 +358,10 @@ pub(crate) unsafe fn range_scalar<T: MultiRow>(
 }
 
 /// Activation rows per chunk (a multiple of [`NR`]) for activation rows of
-/// `bytes_per_row` bytes as the kernel reads them.
+/// `bytes_per_row` bytes as the kernel reads them: about [`ACT_CHUNK_BYTES`],
+/// at least [`MIN_CHUNK_ROWS`].
 pub(crate) fn act_chunk_rows(bytes_per_row: usize) -> usize {
-    ((ACT_CHUNK_BYTES / bytes_per_row.max(1)) / NR * NR).max(NR)
+    ((ACT_CHUNK_BYTES / bytes_per_row.max(1)) / NR * NR).max(MIN_CHUNK_ROWS)
 }
 
 /// Bytes of one packed activation row of `cols` values (AVX2 path).
