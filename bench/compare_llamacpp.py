@@ -18,6 +18,10 @@ if spindle.get("thread_handoff_round_trip_ns") is not None:
     # Where the threads sat during spindle's run: ~60 ns on one die of this
     # VM's host, ~330 across two (docs/PERF.md §50).
     print(f"thread hand-off (cache line round trip): {spindle['thread_handoff_round_trip_ns']:.0f} ns")
+    if spindle.get("thread_handoff_round_trip_ns_after") is not None:
+        # Measured again after the timed tests: the vCPUs can move mid-run
+        # (PERF.md §51), and the peak fractions below use the larger peak.
+        print(f"thread hand-off after spindle's tests: {spindle['thread_handoff_round_trip_ns_after']:.0f} ns")
 for r in llama:
     version = os.environ.get("LLAMA_VERSION") or f"build {r.get('build_commit', '?')} ({r.get('build_number', '?')})"
     print(f"llama.cpp: {version}, backend {r.get('backends', r.get('backend', '?'))}, threads {r.get('n_threads')}")
