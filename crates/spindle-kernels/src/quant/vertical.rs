@@ -739,8 +739,19 @@ pub(crate) mod simd {
             let spec = Spec::of(T::TY).unwrap_or_else(|| unreachable!("checked vertical type"));
             let full = spec.group_bytes(8);
             let mut lanes = _mm256_setzero_ps();
+            let ahead = nb >= LONG_ROW_BLOCKS;
             for (g, ag) in acts.iter().enumerate() {
                 let p = row.add(g * full);
+                if ahead {
+                    // Long rows stream from memory at half the rate of
+                    // short ones (docs/PERF.md §51); ask for the bytes a
+                    // page ahead. (A prefetch never faults: past the
+                    // matrix's end it is only wasted.)
+                    let q = p.wrapping_add(PREFETCH_AHEAD);
+                    for line in 0..full.div_ceil(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(64 * line).cast());
+                    }
+                }
                 lanes = if !T::HALF_GROUPS || nb - 8 * g >= 8 {
                     fold_group::<T, 8>(p, ag, wg, lanes)
                 } else {
@@ -750,6 +761,12 @@ pub(crate) mod simd {
             tree8_ps(lanes)
         }
     }
+
+    /// Blocks of 32 from which a one-row call asks for its weights ahead
+    /// (10,240 columns: the rows from which the kernel streams slower).
+    const LONG_ROW_BLOCKS: usize = 320;
+    /// How far ahead, in bytes.
+    const PREFETCH_AHEAD: usize = 4096;
 
     /// Folds the vertical group at `p` of `M` blocks (8, or a half group
     /// of 4) dotted with `act` into `lanes`, as the multi-row kernels do.
