@@ -153,6 +153,45 @@ fn matmul_on_vertical_weights_is_bit_identical_on_every_isa() {
     }
 }
 
+#[test]
+fn long_rows_read_ahead_and_keep_their_bits() {
+    // From 10,240 columns the one-row kernel asks for its bytes ahead
+    // (past the matrix's end for its last rows): the same bits as the
+    // scalar GGUF result on every ISA and pool.
+    let mut rng = StdRng::seed_from_u64(9);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+    ] {
+        let (rows, cols) = (9, 10_240);
+        let gguf = random_weights(&mut rng, ty, rows, cols);
+        let mut vertical = gguf.clone();
+        to_vertical(ty, cols, &mut vertical).unwrap();
+        let plain = WeightView::new(ty, rows, cols, &gguf).unwrap();
+        let packed = WeightView::new(ty, rows, cols, &vertical)
+            .unwrap()
+            .with_layout(WeightLayout::Vertical);
+        let x = random_acts(&mut rng, 1, cols);
+        let mut want = vec![0.0f32; rows];
+        matmul_with_isa(Isa::Scalar, &plain, &x, 1, &mut want, &pools[0]).unwrap();
+        for isa in available_isas() {
+            for pool in &pools {
+                let mut got = vec![0.0f32; rows];
+                matmul_with_isa(isa, &packed, &x, 1, &mut got, pool).unwrap();
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{ty} {rows}x{cols} {isa} {} threads",
+                    pool.n_threads()
+                );
+            }
+        }
+    }
+}
+
 /// The tile kernels (AMX: 16 weight rows x 16 activation rows per tile)
 /// at shapes past one tile: whole and short tiles of both, several chunks
 /// of activation rows, split over threads; bit for bit the scalar GGUF
