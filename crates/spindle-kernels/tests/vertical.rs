@@ -62,9 +62,7 @@ fn a_vertical_row_dequantizes_as_the_files_row() {
     for ty in TYPES {
         for &cols in cols_for(ty) {
             let rows = 5;
-            let gguf = random_weights(&mut rng, ty, rows, cols);
-            let mut vertical = gguf.clone();
-            to_vertical(ty, cols, &mut vertical).unwrap();
+            let (gguf, vertical) = gguf_and_vertical(&mut rng, ty, rows, cols);
             let row_bytes = gguf.len() / rows;
             for r in 0..rows {
                 let bytes = r * row_bytes..(r + 1) * row_bytes;
@@ -111,9 +109,7 @@ fn matmul_on_vertical_weights_is_bit_identical_on_every_isa() {
     for ty in TYPES {
         for &cols in cols_for(ty) {
             let rows = 13;
-            let gguf = random_weights(&mut rng, ty, rows, cols);
-            let mut vertical = gguf.clone();
-            to_vertical(ty, cols, &mut vertical).unwrap();
+            let (gguf, vertical) = gguf_and_vertical(&mut rng, ty, rows, cols);
             let plain = WeightView::new(ty, rows, cols, &gguf).unwrap();
             let packed = WeightView::new(ty, rows, cols, &vertical)
                 .unwrap()
@@ -153,6 +149,19 @@ fn matmul_on_vertical_weights_is_bit_identical_on_every_isa() {
     }
 }
 
+/// A random matrix's GGUF bytes and the same matrix rewritten vertically.
+fn gguf_and_vertical(
+    rng: &mut StdRng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> (Vec<u8>, Vec<u8>) {
+    let gguf = random_weights(rng, ty, rows, cols);
+    let mut vertical = gguf.clone();
+    to_vertical(ty, cols, &mut vertical).unwrap();
+    (gguf, vertical)
+}
+
 #[test]
 fn long_rows_read_ahead_and_keep_their_bits() {
     // From 10,240 columns the one-row kernel asks for its bytes ahead
@@ -167,9 +176,7 @@ fn long_rows_read_ahead_and_keep_their_bits() {
         GgmlType::Q8_0,
     ] {
         let (rows, cols) = (9, 10_240);
-        let gguf = random_weights(&mut rng, ty, rows, cols);
-        let mut vertical = gguf.clone();
-        to_vertical(ty, cols, &mut vertical).unwrap();
+        let (gguf, vertical) = gguf_and_vertical(&mut rng, ty, rows, cols);
         let plain = WeightView::new(ty, rows, cols, &gguf).unwrap();
         let packed = WeightView::new(ty, rows, cols, &vertical)
             .unwrap()
@@ -204,9 +211,7 @@ fn matmul_on_vertical_weights_past_one_tile_is_bit_identical() {
     for ty in TYPES {
         let cols = if ty.block_len() == 32 { 640 } else { 512 };
         for rows in [16, 37, 80] {
-            let gguf = random_weights(&mut rng, ty, rows, cols);
-            let mut vertical = gguf.clone();
-            to_vertical(ty, cols, &mut vertical).unwrap();
+            let (gguf, vertical) = gguf_and_vertical(&mut rng, ty, rows, cols);
             let plain = WeightView::new(ty, rows, cols, &gguf).unwrap();
             let packed = WeightView::new(ty, rows, cols, &vertical)
                 .unwrap()
