@@ -423,6 +423,13 @@ fn run_split_multi(
     let tiles = rows.div_ceil(weight_rows);
     let block_tiles = tiles.div_ceil(4 * threads).max(1);
     let blocks = tiles.div_ceil(block_tiles);
+    // Weight rows of block `b`.
+    let block_rows = |b: usize| {
+        (
+            (b * block_tiles * weight_rows).min(rows),
+            ((b + 1) * block_tiles * weight_rows).min(rows),
+        )
+    };
     // Chunks of activation rows of about L2 size.
     let own_chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
     if n >= threads * own_chunk {
@@ -436,8 +443,7 @@ fn run_split_multi(
             );
             for i0 in (a0..a1).step_by(own_chunk) {
                 for b in 0..blocks {
-                    let r0 = (b * block_tiles * weight_rows).min(rows);
-                    let r1 = ((b + 1) * block_tiles * weight_rows).min(rows);
+                    let (r0, r1) = block_rows(b);
                     f(r0, r1, i0, (i0 + own_chunk).min(a1));
                 }
             }
@@ -460,8 +466,7 @@ fn run_split_multi(
             break;
         }
         let (c, b) = (item / blocks, item % blocks);
-        let r0 = (b * block_tiles * weight_rows).min(rows);
-        let r1 = ((b + 1) * block_tiles * weight_rows).min(rows);
+        let (r0, r1) = block_rows(b);
         let i0 = c * chunk;
         f(r0, r1, i0, (i0 + chunk).min(n));
     });

@@ -116,22 +116,7 @@ fn matmul_on_vertical_weights_is_bit_identical_on_every_isa() {
                 .with_layout(WeightLayout::Vertical);
             for n in [1, 2, 3, 6, 7, 16, 41] {
                 let x = random_acts(&mut rng, n, cols);
-                let mut want = vec![0.0f32; n * rows];
-                matmul_with_isa(Isa::Scalar, &plain, &x, n, &mut want, &pools[0]).unwrap();
-                for isa in available_isas() {
-                    for pool in &pools {
-                        let mut got = vec![0.0f32; n * rows];
-                        matmul_with_isa(isa, &packed, &x, n, &mut got, pool).unwrap();
-                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                g.to_bits(),
-                                w.to_bits(),
-                                "{ty} {rows}x{cols} n={n} {isa} {} threads: output {i}",
-                                pool.n_threads()
-                            );
-                        }
-                    }
-                }
+                every_path_matches_the_scalar_gguf(&plain, &packed, &x, n, &pools);
             }
             // Another rounding converts back and gives the GGUF result too.
             let x = random_acts(&mut rng, 3, cols);
@@ -182,16 +167,32 @@ fn long_rows_read_ahead_and_keep_their_bits() {
             .unwrap()
             .with_layout(WeightLayout::Vertical);
         let x = random_acts(&mut rng, 1, cols);
-        let mut want = vec![0.0f32; rows];
-        matmul_with_isa(Isa::Scalar, &plain, &x, 1, &mut want, &pools[0]).unwrap();
-        for isa in available_isas() {
-            for pool in &pools {
-                let mut got = vec![0.0f32; rows];
-                matmul_with_isa(isa, &packed, &x, 1, &mut got, pool).unwrap();
+        every_path_matches_the_scalar_gguf(&plain, &packed, &x, 1, &pools);
+    }
+}
+
+/// `packed` (a vertical matrix) times the `n` rows of `x` on every ISA and
+/// pool, bit for bit what the scalar kernel gives on `plain` (its GGUF
+/// bytes) on one thread.
+fn every_path_matches_the_scalar_gguf(
+    plain: &WeightView<'_>,
+    packed: &WeightView<'_>,
+    x: &[f32],
+    n: usize,
+    pools: &[ThreadPool],
+) {
+    let (ty, rows, cols) = (plain.ty, plain.rows, plain.cols);
+    let mut want = vec![0.0f32; n * rows];
+    matmul_with_isa(Isa::Scalar, plain, x, n, &mut want, &pools[0]).unwrap();
+    for isa in available_isas() {
+        for pool in pools {
+            let mut got = vec![0.0f32; n * rows];
+            matmul_with_isa(isa, packed, x, n, &mut got, pool).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(
-                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{ty} {rows}x{cols} {isa} {} threads",
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{ty} {rows}x{cols} n={n} {isa} {} threads: output {i}",
                     pool.n_threads()
                 );
             }

@@ -227,10 +227,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // move could read above "the peak". So after a prompt test the peaks
     // and the hand-off are measured again, the fractions use the larger
     // peak, and a moved placement is reported (docs/PERF.md §51).
-    let handoff_after = pp
-        .as_ref()
-        .and_then(|_| handoff_round_trip(&ThreadPool::new(threads), 20_000, 5));
+    let mut handoff_after = None;
     if pp.is_some() {
+        handoff_after = handoff_round_trip(&ThreadPool::new(threads), 20_000, 5);
         for (p, again) in peaks.iter_mut().zip(int8_mac_peaks(threads, 0.3)) {
             p.one_thread = p.one_thread.max(again.one_thread);
             p.all_threads = p.all_threads.max(again.all_threads);
