@@ -194,14 +194,29 @@ fn file_name(path: &Path) -> String {
 }
 
 /// Whether weights are copied into huge-page memory at load (decoding runs
-/// ~20% faster, docs/PERF.md) or read through the file's memory map: the map
-/// when `SPINDLE_MMAP=1`, or when the file is over half the available memory
-/// (the copy and the page cache would compete).
+/// 12-20% faster, docs/PERF.md §6, §52) or read through the file's memory
+/// map: the map when `SPINDLE_MMAP=1`, or when the copy would not leave
+/// [`copy_headroom`] of the available memory for the KV cache and the
+/// pass's buffers. (The file's pages that the copy reads through the page
+/// cache are clean and reclaimable, so they need no room of their own.)
 fn resident_weights(file_len: u64) -> bool {
     if std::env::var("SPINDLE_MMAP").is_ok_and(|v| v == "1") {
         return false;
     }
-    mem_available().is_none_or(|avail| file_len < avail / 2)
+    mem_available().is_none_or(|avail| fits_resident(file_len, avail))
+}
+
+/// Whether a file of `file_len` bytes is copied when `avail` bytes are
+/// available: under half of it (as small machines always did), or the copy
+/// plus [`copy_headroom`] fit.
+fn fits_resident(file_len: u64, avail: u64) -> bool {
+    file_len < avail / 2 || file_len.saturating_add(copy_headroom(avail)) <= avail
+}
+
+/// Memory a resident copy leaves free: an eighth of what is available, at
+/// least 2 GiB (a 4,096-token f16 KV cache of a 30B-A3B model is 0.4 GB).
+fn copy_headroom(avail: u64) -> u64 {
+    (avail / 8).max(2 << 30)
 }
 
 /// Whether the resident copy's layer matrices are rewritten into the
@@ -308,6 +323,21 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Duration;
+
+    #[test]
+    fn weights_are_copied_when_the_copy_leaves_room() {
+        const GB: u64 = 1_000_000_000;
+        // A 30B-A3B Q4_K_M file (18.55 GB) on a 24 GiB machine: copied
+        // (docs/PERF.md §52: decode 12% faster than through the map).
+        assert!(fits_resident(18_550_000_000, 22_100_000_000));
+        // Not when the copy would leave under an eighth (or 2 GiB) free.
+        assert!(!fits_resident(20 * GB, 22 * GB));
+        assert!(!fits_resident(7 * GB, 8 * GB));
+        assert!(!fits_resident(30 * GB, 22 * GB));
+        // Small machines as before: under half of what is available.
+        assert!(fits_resident(250_000_000, 2 * GB));
+        assert!(!fits_resident(1_500_000_000, 2 * GB));
+    }
 
     #[test]
     fn fifos_and_symlink_loops_are_refused_promptly() {

@@ -36,8 +36,8 @@ pub struct EngineProfile {
     /// Peak bytes per vocabulary entry while the tokenizer is built.
     pub tokenizer_build_bytes_per_entry: u64,
     /// Whether a GGUF file is copied whole into resident memory, header and
-    /// alignment padding included (the CPU loader does so when the file is
-    /// under half the available memory, for huge pages), rather than only
+    /// alignment padding included (the CPU loader does so, for huge pages,
+    /// when the copy leaves room: `spindle_model`'s `fits_resident`), rather than only
     /// its tensor pages being mapped in.
     pub resident_gguf_copy: bool,
 }
