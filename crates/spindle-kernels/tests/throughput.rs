@@ -260,9 +260,13 @@ fn time_call_cold(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: 
 fn multi_row_throughput() {
     // Gemma 3 270M's matrices (rows = output features), n activation rows:
     // time per call, GMAC/s, and the cost of 16 rows relative to 1 row.
-    let shapes: [(GgmlType, usize, usize, &[usize]); 9] = [
+    // Q8_0 at the Q5_0 layers' shapes too: the layouts compared on one
+    // shape (docs/PERF.md §52).
+    let shapes: [(GgmlType, usize, usize, &[usize]); 11] = [
         (GgmlType::Q5_0, 1024, 640, &[1, 4, 16, 64, 512]),
         (GgmlType::Q5_0, 2048, 640, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q8_0, 1024, 640, &[1, 4, 16, 64, 512]),
+        (GgmlType::Q8_0, 2048, 640, &[1, 4, 16, 64, 512]),
         (GgmlType::Q8_0, 256, 640, &[1, 4, 16, 64, 512]),
         (GgmlType::Q4_K, 640, 1024, &[1, 4, 16, 64, 512]),
         (GgmlType::Q4_K, 640, 2048, &[1, 4, 16, 64, 512]),
