@@ -194,10 +194,10 @@ fn file_name(path: &Path) -> String {
 }
 
 /// Whether weights are copied into huge-page memory at load (decoding runs
-/// 12-20% faster, docs/PERF.md §6, §52) or read through the file's memory
-/// map: the map when `SPINDLE_MMAP=1`, or when the copy would not leave
-/// [`copy_headroom`] of the available memory for the KV cache and the
-/// pass's buffers. (The file's pages that the copy reads through the page
+/// 20% faster, docs/PERF.md §4, §52) or read through the file's memory
+/// map: the map when `SPINDLE_MMAP=1`, or when the file is over half the
+/// available memory and the copy would not leave [`copy_headroom`] of it
+/// for the KV cache and the pass's buffers. (The file's pages that the copy reads through the page
 /// cache are clean and reclaimable, so they need no room of their own.)
 fn resident_weights(file_len: u64) -> bool {
     if std::env::var("SPINDLE_MMAP").is_ok_and(|v| v == "1") {
@@ -328,7 +328,7 @@ mod tests {
     fn weights_are_copied_when_the_copy_leaves_room() {
         const GB: u64 = 1_000_000_000;
         // A 30B-A3B Q4_K_M file (18.55 GB) on a 24 GiB machine: copied
-        // (docs/PERF.md §52: decode 12% faster than through the map).
+        // (docs/PERF.md §52: decode 21% faster than through the map).
         assert!(fits_resident(18_550_000_000, 22_100_000_000));
         // Not when the copy would leave under an eighth (or 2 GiB) free.
         assert!(!fits_resident(20 * GB, 22 * GB));
