@@ -197,8 +197,9 @@ fn file_name(path: &Path) -> String {
 /// 20% faster, docs/PERF.md §4, §52) or read through the file's memory
 /// map: the map when `SPINDLE_MMAP=1`, or when the file is over half the
 /// available memory and the copy would not leave [`copy_headroom`] of it
-/// for the KV cache and the pass's buffers. (The file's pages that the copy reads through the page
-/// cache are clean and reclaimable, so they need no room of their own.)
+/// for the KV cache and the pass's buffers. (The file's pages that the copy
+/// reads through the page cache are clean and reclaimable, so they need no
+/// room of their own.)
 fn resident_weights(file_len: u64) -> bool {
     if std::env::var("SPINDLE_MMAP").is_ok_and(|v| v == "1") {
         return false;

@@ -37,8 +37,8 @@ pub struct EngineProfile {
     pub tokenizer_build_bytes_per_entry: u64,
     /// Whether a GGUF file is copied whole into resident memory, header and
     /// alignment padding included (the CPU loader does so, for huge pages,
-    /// when the copy leaves room: `spindle_model`'s `fits_resident`), rather than only
-    /// its tensor pages being mapped in.
+    /// when the copy leaves room: `spindle_model`'s `fits_resident`), rather
+    /// than only its tensor pages being mapped in.
     pub resident_gguf_copy: bool,
 }
 
