@@ -146,6 +146,50 @@ pub fn matmul_with(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    matmul_shared(isa, rounding, &mut [(*w, out)], x, n, pool)
+}
+
+/// Several matrices times the same activations, `parts[m].1 = x ·
+/// parts[m].0ᵀ`, bit-identical to one [`matmul_with`] call per matrix.
+/// Neighbouring matrices of one type, width and layout (a layer's query
+/// and key projections, its gate and up projections) share one
+/// quantization and packing of `x` and one run of the pool, whose threads
+/// take their work from all of them: per call, that work was serial (the
+/// packing) or a thread's wait at the end of a small matrix.
+pub fn matmul_shared(
+    isa: Isa,
+    rounding: ActRounding,
+    parts: &mut [(WeightView<'_>, &mut [f32])],
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    for (w, out) in parts.iter() {
+        check_call(isa, w, x, n, out)?;
+    }
+    let mut from = 0;
+    while from < parts.len() {
+        let w0 = parts[from].0;
+        let to = from
+            + 1
+            + parts[from + 1..]
+                .iter()
+                .take_while(|(w, _)| (w.ty, w.cols, w.layout) == (w0.ty, w0.cols, w0.layout))
+                .count();
+        matmul_group(isa, rounding, &mut parts[from..to], x, n, pool)?;
+        from = to;
+    }
+    Ok(())
+}
+
+/// Checks one call's shapes and ISA; the weight rows' bytes.
+fn check_call(
+    isa: Isa,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n: usize,
+    out: &[f32],
+) -> Result<usize, KernelError> {
     let row_bytes = w.validate()?;
     let in_len = n
         .checked_mul(w.cols)
@@ -170,11 +214,31 @@ pub fn matmul_with(
     if !isa.is_available() {
         return Err(KernelError::unsupported(format!("ISA {isa} on this CPU")));
     }
-    if out_len == 0 {
+    Ok(row_bytes)
+}
+
+/// [`matmul_shared`] for matrices of one type, width and layout (checked).
+fn matmul_group(
+    isa: Isa,
+    rounding: ActRounding,
+    parts: &mut [(WeightView<'_>, &mut [f32])],
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    if parts.len() > 1 && !shares_activations(isa, rounding, &parts[0].0, n) {
+        for (w, out) in parts.iter_mut() {
+            matmul_group(isa, rounding, &mut [(*w, &mut **out)], x, n, pool)?;
+        }
+        return Ok(());
+    }
+    let w = parts[0].0;
+    let row_bytes = w.row_bytes();
+    if n == 0 || parts.iter().all(|(w, _)| w.rows == 0) {
         return Ok(());
     }
     if w.cols == 0 {
-        out.fill(0.0);
+        parts.iter_mut().for_each(|(_, out)| out.fill(0.0));
         return Ok(());
     }
     // The tile unit pays from this many activation rows on (below, decoding
@@ -192,25 +256,31 @@ pub fn matmul_with(
             None => {
                 // Only the VNNI kernel reads the layout: the others get the
                 // file's bytes back (slow, exact).
-                let mut gguf = vec![0u8; w.data.len()];
-                from_vertical(w.ty, w.cols, w.data, &mut gguf)?;
-                let w = WeightView::new(w.ty, w.rows, w.cols, &gguf)?;
-                return matmul_with(isa, rounding, &w, x, n, out, pool);
+                for (w, out) in parts.iter_mut() {
+                    let mut gguf = vec![0u8; w.data.len()];
+                    from_vertical(w.ty, w.cols, w.data, &mut gguf)?;
+                    let w = WeightView::new(w.ty, w.rows, w.cols, &gguf)?;
+                    matmul_with(isa, rounding, &w, x, n, out, pool)?;
+                }
+                return Ok(());
             }
         },
         WeightLayout::Panels => match panels_kernel(w.ty, isa, rounding) {
             Some(k) => Some(k),
             None => {
                 // As for the vertical layout: the file's bytes back.
-                let mut gguf = vec![0u8; w.data.len()];
-                from_panels(w.ty, w.rows, w.cols, w.data, &mut gguf)?;
-                let w = WeightView::new(w.ty, w.rows, w.cols, &gguf)?;
-                return matmul_with(isa, rounding, &w, x, n, out, pool);
+                for (w, out) in parts.iter_mut() {
+                    let mut gguf = vec![0u8; w.data.len()];
+                    from_panels(w.ty, w.rows, w.cols, w.data, &mut gguf)?;
+                    let w = WeightView::new(w.ty, w.rows, w.cols, &gguf)?;
+                    matmul_with(isa, rounding, &w, x, n, out, pool)?;
+                }
+                return Ok(());
             }
         },
     };
 
-    let shape = Shape {
+    let shape = |w: &WeightView<'_>| Shape {
         rows: w.rows,
         cols: w.cols,
         row_bytes,
@@ -219,6 +289,9 @@ pub fn matmul_with(
     let multi_rows = n >= MULTI_ROWS;
     match kernel_for(w.ty, isa)? {
         Kernel::Float(k, multi) => {
+            // Float matrices never share (`shares_activations`): one part.
+            let (w, out) = &mut parts[0];
+            let shape = shape(w);
             let out = OutPtr::new(out);
             if multi_rows {
                 let job = float::FloatJob {
@@ -231,20 +304,25 @@ pub fn matmul_with(
                 };
                 run_split_multi(
                     pool,
-                    &shape,
-                    w.data.len(),
+                    &[MultiPart {
+                        shape: &shape,
+                        weight_bytes: w.data.len(),
+                        f: &|r0, r1, i0, i1| {
+                            // SAFETY: the ISA was checked available; each call owns
+                            // outputs (i0..i1) x (r0..r1), disjoint between calls
+                            // (distinct work items); shapes were checked above.
+                            unsafe { multi(&job, r0, r1, i0, i1) }
+                        },
+                    }],
                     Grain::of_rows(4 * w.cols),
-                    &|r0, r1, i0, i1| {
-                        // SAFETY: the ISA was checked available; each call owns
-                        // outputs (i0..i1) x (r0..r1), disjoint between calls
-                        // (distinct work items); shapes were checked above.
-                        unsafe { multi(&job, r0, r1, i0, i1) }
-                    },
                 );
             } else {
-                run_split(pool, &shape, w.data.len(), &|r0, r1| {
-                    float_range(k, w.data, &shape, x, &out, r0, r1)
-                });
+                run_split(
+                    pool,
+                    &[(&shape, w.data.len(), &|r0, r1| {
+                        float_range(k, w.data, &shape, x, &out, r0, r1)
+                    })],
+                );
             }
         }
         Kernel::Quant(format, one_row, multi) => {
@@ -258,17 +336,28 @@ pub fn matmul_with(
                 (None, true) => Some(multi),
                 (None, false) => None,
             };
+            let shapes: Vec<Shape> = parts.iter().map(|(w, _)| shape(w)).collect();
+            let outs: Vec<OutPtr> = parts.iter_mut().map(|(_, o)| OutPtr::new(o)).collect();
+            let weights: Vec<&[u8]> = parts.iter().map(|(w, _)| w.data).collect();
             with_scratch(
                 &ACTS,
                 QuantizedActs::new,
                 |acts| -> Result<(), KernelError> {
                     acts.quantize_on(isa, format, x, n, w.cols, Some(pool))?;
                     let acts = &*acts;
-                    let out = OutPtr::new(out);
                     let Some(multi) = packed_kernel else {
-                        run_split(pool, &shape, w.data.len(), &|r0, r1| {
-                            quant_range(one_row, w.data, &shape, acts, &out, r0, r1)
-                        });
+                        let f: Vec<_> = (0..parts.len())
+                            .map(|m| {
+                                let (data, shape, out) = (weights[m], &shapes[m], &outs[m]);
+                                move |r0, r1| quant_range(one_row, data, shape, acts, out, r0, r1)
+                            })
+                            .collect();
+                        let jobs: Vec<SplitPart<'_>> = f
+                            .iter()
+                            .enumerate()
+                            .map(|(m, f)| (&shapes[m], weights[m].len(), f as _))
+                            .collect();
+                        run_split(pool, &jobs);
                         return Ok(());
                     };
                     with_scratch(&PACKED, Vec::new, |packed| {
@@ -276,36 +365,55 @@ pub fn matmul_with(
                             // SAFETY: `pack` is only set for ISAs checked above.
                             unsafe { pack(acts, packed) };
                         }
-                        let job = QuantJob {
-                            data: w.data,
-                            row_bytes,
-                            rows: w.rows,
-                            cols: w.cols,
-                            acts,
-                            packed,
-                            out: &out,
-                        };
+                        let jobs: Vec<QuantJob<'_>> = (0..parts.len())
+                            .map(|m| QuantJob {
+                                data: weights[m],
+                                row_bytes,
+                                rows: shapes[m].rows,
+                                cols: w.cols,
+                                acts,
+                                packed,
+                                out: &outs[m],
+                            })
+                            .collect();
+                        let range = multi.range;
+                        let calls: Vec<_> = jobs
+                            .iter()
+                            .map(|job| {
+                                move |r0, r1, i0, i1| {
+                                    // SAFETY: as for the float kernels; `packed`
+                                    // holds the activations packed for this kernel
+                                    // when it needs them.
+                                    unsafe { range(job, r0, r1, i0, i1) }
+                                }
+                            })
+                            .collect();
                         if !multi_rows {
                             // A one-row kernel that reads packed activations
-                            // (vertical weights): split by weight rows.
-                            run_split(pool, &shape, w.data.len(), &|r0, r1| {
-                                // SAFETY: as below; each call owns outputs
-                                // r0..r1 of the one activation row.
-                                unsafe { (multi.range)(&job, r0, r1, 0, 1) }
-                            });
+                            // (vertical weights): split by weight rows; each
+                            // call owns outputs r0..r1 of the one row.
+                            let one: Vec<_> = calls
+                                .iter()
+                                .map(|f| move |r0, r1| f(r0, r1, 0, 1))
+                                .collect();
+                            let jobs: Vec<SplitPart<'_>> = one
+                                .iter()
+                                .enumerate()
+                                .map(|(m, f)| (&shapes[m], weights[m].len(), f as _))
+                                .collect();
+                            run_split(pool, &jobs);
                             return;
                         }
-                        run_split_multi(
-                            pool,
-                            &shape,
-                            w.data.len(),
-                            (multi.grain)(w.cols),
-                            &|r0, r1, i0, i1| {
-                                // SAFETY: as for the float kernels; `packed` holds the
-                                // activations packed for this kernel when it needs them.
-                                unsafe { (multi.range)(&job, r0, r1, i0, i1) }
-                            },
-                        );
+                        let jobs: Vec<MultiPart<'_>> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(m, f)| MultiPart {
+                                shape: &shapes[m],
+                                weight_bytes: weights[m].len(),
+                                f,
+                            })
+                            .collect();
+                        run_split_multi(pool, &jobs, (multi.grain)(w.cols));
                     });
                     Ok(())
                 },
@@ -313,6 +421,19 @@ pub fn matmul_with(
         }
     }
     Ok(())
+}
+
+/// Whether matrices like `w` (one type, width and layout) can share their
+/// activations' quantization and packing: quantized weights whose kernel
+/// reads packed activations, or one-row kernels on the file's layout.
+fn shares_activations(isa: Isa, rounding: ActRounding, w: &WeightView<'_>, n: usize) -> bool {
+    let quantized = matches!(kernel_for(w.ty, isa), Ok(Kernel::Quant(..)));
+    let readable = match w.layout {
+        WeightLayout::Gguf => true,
+        WeightLayout::Vertical => vertical_kernel(w.ty, isa, rounding).is_some(),
+        WeightLayout::Panels => panels_kernel(w.ty, isa, rounding).is_some(),
+    };
+    quantized && readable && n > 0
 }
 
 /// Runs `f` with this thread's scratch value from `key` (a fresh one, from
@@ -389,47 +510,65 @@ fn kernel_for(ty: GgmlType, isa: Isa) -> Result<Kernel, KernelError> {
         .ok_or_else(|| KernelError::unsupported(format!("{ty} matmul on {isa}")))
 }
 
-/// Runs a multi-row matmul on the pool: `f(r0, r1, i0, i1)` computes weight
-/// rows `r0..r1` x activation rows `i0..i1`. The work is cut into items (a
-/// chunk of activation rows of about L2 size, read as `act_row_bytes` per row,
-/// x a block of whole weight-row tiles), taken in order from a shared counter
-/// so that a thread the OS holds up does not hold up the others. When every
-/// thread has at least a chunk of rows of its own (a prompt), each thread
-/// instead takes its own contiguous activation rows, the ones it quantized
-/// and the row-wise steps give it, against every weight row: the rows stay
-/// in its cache, and on its die, from step to step (docs/PERF.md §50). Each
-/// output is still computed by exactly the same operations, whoever takes
-/// it. Small problems run on the caller alone.
-fn run_split_multi(
-    pool: &ThreadPool,
-    shape: &Shape,
+/// One matrix of a [`run_split_multi`]: its shape, its weight bytes, and
+/// `f(r0, r1, i0, i1)`, which computes its weight rows `r0..r1` x
+/// activation rows `i0..i1`.
+struct MultiPart<'a> {
+    shape: &'a Shape,
     weight_bytes: usize,
-    grain: Grain,
-    f: &(dyn Fn(usize, usize, usize, usize) + Sync),
-) {
-    let (rows, n) = (shape.rows, shape.n);
+    f: &'a (dyn Fn(usize, usize, usize, usize) + Sync),
+}
+
+/// Runs a multi-row matmul of one or more matrices (the same activations,
+/// the same `grain`) on the pool. The work is cut into items (a chunk of
+/// activation rows of about L2 size, read as `act_row_bytes` per row, x a
+/// block of whole weight-row tiles of one matrix), taken in order from a
+/// shared counter so that a thread the OS holds up does not hold up the
+/// others. When every thread has at least a chunk of rows of its own (a
+/// prompt), each thread instead takes its own contiguous activation rows,
+/// the ones it quantized and the row-wise steps give it, against every
+/// weight row: the rows stay in its cache, and on its die, from step to
+/// step (docs/PERF.md §50). Each output is still computed by exactly the
+/// same operations, whoever takes it. Small problems run on the caller
+/// alone.
+fn run_split_multi(pool: &ThreadPool, parts: &[MultiPart<'_>], grain: Grain) {
+    let Some(n) = parts.first().map(|p| p.shape.n) else {
+        return;
+    };
     let Grain {
         act_row_bytes,
         act_rows,
         weight_rows,
     } = grain;
-    let work = weight_bytes.saturating_mul(n);
+    let work = parts
+        .iter()
+        .map(|p| p.weight_bytes.saturating_mul(n))
+        .fold(0usize, usize::saturating_add);
     let threads = pool.n_threads();
     if threads <= 1 || work < SERIAL_WORK {
-        f(0, rows, 0, n);
+        parts.iter().for_each(|p| (p.f)(0, p.shape.rows, 0, n));
         return;
     }
-    // Blocks of weight-row tiles: about 4 per thread and chunk.
-    let tiles = rows.div_ceil(weight_rows);
-    let block_tiles = tiles.div_ceil(4 * threads).max(1);
-    let blocks = tiles.div_ceil(block_tiles);
-    // Weight rows of block `b`.
-    let block_rows = |b: usize| {
-        (
-            (b * block_tiles * weight_rows).min(rows),
-            ((b + 1) * block_tiles * weight_rows).min(rows),
-        )
-    };
+    // Blocks of weight-row tiles: about 4 per thread and chunk, in each
+    // matrix; `(part, r0, r1)` of every block, matrix by matrix.
+    let blocks: Vec<(usize, usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(m, p)| {
+            let rows = p.shape.rows;
+            let tiles = rows.div_ceil(weight_rows);
+            let block_tiles = tiles.div_ceil(4 * threads).max(1);
+            (0..tiles.div_ceil(block_tiles)).map(move |b| {
+                (
+                    m,
+                    (b * block_tiles * weight_rows).min(rows),
+                    ((b + 1) * block_tiles * weight_rows).min(rows),
+                )
+            })
+        })
+        .collect();
+    let run =
+        |&(m, r0, r1): &(usize, usize, usize), i0: usize, i1: usize| (parts[m].f)(r0, r1, i0, i1);
     // Chunks of activation rows of about L2 size.
     let own_chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
     if n >= threads * own_chunk {
@@ -442,9 +581,8 @@ fn run_split_multi(
                 share.end.next_multiple_of(act_rows).min(n),
             );
             for i0 in (a0..a1).step_by(own_chunk) {
-                for b in 0..blocks {
-                    let (r0, r1) = block_rows(b);
-                    f(r0, r1, i0, (i0 + own_chunk).min(a1));
+                for block in &blocks {
+                    run(block, i0, (i0 + own_chunk).min(a1));
                 }
             }
         });
@@ -453,44 +591,48 @@ fn run_split_multi(
     // Shared items: smaller chunks when there are too few blocks to keep
     // every thread busy.
     let mut chunk = own_chunk;
-    if blocks < 2 * threads {
-        let want_chunks = (2 * threads).div_ceil(blocks);
+    if blocks.len() < 2 * threads {
+        let want_chunks = (2 * threads).div_ceil(blocks.len().max(1));
         chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(act_rows));
     }
     let chunks = n.div_ceil(chunk);
-    let items = chunks * blocks;
+    let items = chunks * blocks.len();
     let next = AtomicUsize::new(0);
     pool.run(&|_, _| loop {
         let item = next.fetch_add(1, Ordering::Relaxed);
         if item >= items {
             break;
         }
-        let (c, b) = (item / blocks, item % blocks);
-        let (r0, r1) = block_rows(b);
+        let (c, b) = (item / blocks.len(), item % blocks.len());
         let i0 = c * chunk;
-        f(r0, r1, i0, (i0 + chunk).min(n));
+        run(&blocks[b], i0, (i0 + chunk).min(n));
     });
 }
 
-/// Splits the weight rows into one contiguous range per thread and calls
-/// `f(r0, r1)` for each; small problems run on the caller alone.
-fn run_split(
-    pool: &ThreadPool,
-    shape: &Shape,
-    weight_bytes: usize,
-    f: &(dyn Fn(usize, usize) + Sync),
-) {
-    let work = weight_bytes.saturating_mul(shape.n);
-    let threads = pool.n_threads().min(shape.rows);
-    if threads <= 1 || work < SERIAL_WORK {
-        f(0, shape.rows);
+/// One matrix of a [`run_split`]: its shape, its weight bytes, and
+/// `f(r0, r1)`, which computes its weight rows `r0..r1`.
+type SplitPart<'a> = (&'a Shape, usize, &'a (dyn Fn(usize, usize) + Sync));
+
+/// Splits each matrix's weight rows into one contiguous range per thread
+/// and calls its `f(r0, r1)` for each, all matrices in one run of the
+/// pool; small problems run on the caller alone.
+fn run_split(pool: &ThreadPool, parts: &[SplitPart<'_>]) {
+    let work = parts
+        .iter()
+        .map(|(shape, bytes, _)| bytes.saturating_mul(shape.n))
+        .fold(0usize, usize::saturating_add);
+    let most_rows = parts.iter().map(|(s, _, _)| s.rows).max().unwrap_or(0);
+    if pool.n_threads().min(most_rows) <= 1 || work < SERIAL_WORK {
+        parts.iter().for_each(|(shape, _, f)| f(0, shape.rows));
         return;
     }
     pool.run(&|t, nt| {
-        let nt = nt.min(threads);
-        if t < nt {
-            let (r0, r1) = split(shape.rows, t, nt);
-            f(r0, r1);
+        for (shape, _, f) in parts {
+            let nt = nt.min(shape.rows);
+            if t < nt {
+                let (r0, r1) = split(shape.rows, t, nt);
+                f(r0, r1);
+            }
         }
     });
 }

@@ -497,3 +497,115 @@ fn multi_row_chunks_and_splits_bit_identical() {
         }
     }
 }
+
+/// `matmul_shared` (several matrices times one `x`: neighbours of one type,
+/// width and layout share the activations' quantization and one pool run)
+/// gives each matrix the bits one `matmul_with` call gives it, on every ISA
+/// and pool, for the one-row, shared-item and own-rows (prompt) splits and
+/// for layouts the VNNI kernels read.
+#[test]
+fn shared_calls_give_each_matrix_its_own_calls_bits() {
+    use spindle_kernels::matmul::matmul_shared;
+    use spindle_kernels::quant::vertical::to_vertical;
+    use spindle_kernels::WeightLayout;
+    let mut rng = StdRng::seed_from_u64(23);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let cols = 640;
+    // A layer's q, k, v (v of another type: a group of two, then one) and a
+    // float matrix between quantized ones (never shared).
+    let specs = [
+        (GgmlType::Q5_0, 1024),
+        (GgmlType::Q5_0, 256),
+        (GgmlType::Q8_0, 256),
+        (GgmlType::F32, 48),
+        (GgmlType::Q5_0, 40),
+        (GgmlType::Q5_0, 8),
+    ];
+    let gguf: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&(ty, rows)| random_weights(&mut rng, ty, rows, cols))
+        .collect();
+    let vertical: Vec<Vec<u8>> = specs
+        .iter()
+        .zip(&gguf)
+        .map(|(&(ty, _), g)| {
+            let mut v = g.clone();
+            if ty != GgmlType::F32 {
+                to_vertical(ty, cols, &mut v).unwrap();
+            }
+            v
+        })
+        .collect();
+    for layout_vertical in [false, true] {
+        let views: Vec<WeightView<'_>> = specs
+            .iter()
+            .enumerate()
+            .map(|(m, &(ty, rows))| {
+                let quantized = ty != GgmlType::F32;
+                if layout_vertical && quantized {
+                    WeightView::new(ty, rows, cols, &vertical[m])
+                        .unwrap()
+                        .with_layout(WeightLayout::Vertical)
+                } else {
+                    WeightView::new(ty, rows, cols, &gguf[m]).unwrap()
+                }
+            })
+            .collect();
+        for n in [1, 2, 7, 16, 41, 300] {
+            let x = random_acts(&mut rng, n, cols);
+            for isa in available_isas() {
+                for pool in &pools {
+                    let rounding = ActRounding::default();
+                    let mut want: Vec<Vec<f32>> =
+                        views.iter().map(|w| vec![0.0; n * w.rows]).collect();
+                    for (w, out) in views.iter().zip(&mut want) {
+                        matmul_with(isa, rounding, w, &x, n, out, pool).unwrap();
+                    }
+                    let mut got: Vec<Vec<f32>> =
+                        views.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                    let mut parts: Vec<(WeightView<'_>, &mut [f32])> = views
+                        .iter()
+                        .zip(&mut got)
+                        .map(|(w, o)| (*w, o.as_mut_slice()))
+                        .collect();
+                    matmul_shared(isa, rounding, &mut parts, &x, n, pool).unwrap();
+                    for (m, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let bad = g
+                            .iter()
+                            .zip(w)
+                            .position(|(a, b)| a.to_bits() != b.to_bits());
+                        assert!(
+                            bad.is_none(),
+                            "matrix {m} ({:?}, vertical {layout_vertical}) n={n} {isa} {} threads: output {bad:?}",
+                            specs[m],
+                            pool.n_threads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A matrix of another width is an error, as one call's would be.
+    let w = WeightView::new(GgmlType::Q8_0, 4, 64, &gguf[2][..4 * 2 * 34]).unwrap();
+    let x = random_acts(&mut rng, 1, cols);
+    let (mut a, mut b) = (vec![0.0f32; 1024], vec![0.0f32; 4]);
+    let mut parts = [
+        (
+            WeightView::new(GgmlType::Q5_0, 1024, cols, &gguf[0]).unwrap(),
+            &mut a[..],
+        ),
+        (w, &mut b[..]),
+    ];
+    let err = matmul_shared(
+        detected_isa(),
+        ActRounding::default(),
+        &mut parts,
+        &x,
+        1,
+        &pools[1],
+    );
+    assert!(
+        matches!(err, Err(KernelError::SizeMismatch { .. })),
+        "{err:?}"
+    );
+}

@@ -290,7 +290,11 @@ mod tests {
         }
         for b in bits {
             let g = gumbel_of(unit(b));
-            assert!(g <= variate_bound(b), "draw bits {b}: variate {g} above {}", variate_bound(b));
+            assert!(
+                g <= variate_bound(b),
+                "draw bits {b}: variate {g} above {}",
+                variate_bound(b)
+            );
         }
         // The steps bound something: a draw just above SMALL_U is bounded
         // by the first step, not the largest variate.

@@ -504,9 +504,7 @@ impl Model {
             // Attention block.
             self.norm_rows(h, &lw.attn_norm, xn, n);
             clock.mark("norms, residual");
-            self.matmul(&lw.wq, xn, n, q)?;
-            self.matmul(&lw.wk, xn, n, k)?;
-            self.matmul(&lw.wv, xn, n, v)?;
+            self.matmul_shared(&mut [(&lw.wq, q), (&lw.wk, k), (&lw.wv, v)], xn, n)?;
             clock.mark("matmul qkv");
             add_bias(q, lw.bq.as_deref());
             add_bias(k, lw.bk.as_deref());
@@ -541,8 +539,7 @@ impl Model {
                     },
                     _,
                 ) => {
-                    self.matmul(wg, xn, n, gate)?;
-                    self.matmul(wu, xn, n, up)?;
+                    self.matmul_shared(&mut [(wg, gate), (wu, up)], xn, n)?;
                     clock.mark("matmul gate+up");
                     self.gated_rows(gate, up, n);
                     clock.mark("activation");
@@ -617,6 +614,31 @@ impl Model {
             &x[..n * m.cols],
             n,
             &mut out[..n * m.rows],
+            &self.pool,
+        )?;
+        Ok(())
+    }
+
+    /// [`Self::matmul`] of several matrices that read the same `x`: the
+    /// kernels quantize and pack `x` once for neighbours of one type and
+    /// share one run of the pool between them (the same bits).
+    fn matmul_shared(
+        &self,
+        parts: &mut [(&Matrix, &mut Vec<f32>)],
+        x: &[f32],
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let cols = parts.first().map_or(0, |(m, _)| m.cols);
+        let mut views: Vec<_> = parts
+            .iter_mut()
+            .map(|(m, out)| (m.view(), &mut out[..n * m.rows]))
+            .collect();
+        spindle_kernels::matmul::matmul_shared(
+            self.isa,
+            self.act_rounding,
+            &mut views,
+            &x[..n * cols],
+            n,
             &self.pool,
         )?;
         Ok(())
