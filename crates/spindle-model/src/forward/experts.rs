@@ -159,7 +159,11 @@ impl Model {
         s.gate.resize(m * ff, 0.0);
         s.up.resize(m * ff, 0.0);
         s.y.resize(m * e, 0.0);
-        self.matmul_shared(&mut [(&w.gate[j], &mut s.gate), (&w.up[j], &mut s.up)], &s.x, m)?;
+        self.matmul_shared(
+            &mut [(&w.gate[j], &mut s.gate), (&w.up[j], &mut s.up)],
+            &s.x,
+            m,
+        )?;
         let bias = |biases: &Option<Vec<Vec<f32>>>, rows: &mut [f32], width: usize| {
             if let Some(bias) = biases {
                 for row in rows.chunks_exact_mut(width) {
