@@ -1,7 +1,7 @@
-// One file (a little over 500 lines) on purpose: the entry point, the kernel
-// table and the work split are one argument. Each output element is computed
-// by one thread with the same operations (batch invariance, below), and the
-// soundness of every `unsafe` call here (ISA checked in `matmul_with_isa`,
+// One file (about 750 lines) on purpose: the entry point, the kernel table
+// and the work split are one argument. Each output element is computed by
+// one thread with the same operations (batch invariance, below), and the
+// soundness of every `unsafe` call here (ISA checked in `check_call`,
 // outputs disjoint by the split, `OutPtr`) rests on all three together.
 
 //! `out = x · Wᵀ` for a weight matrix in any supported type.
@@ -667,10 +667,10 @@ fn float_range(
         for (i, x_row) in x.chunks_exact(shape.cols).enumerate() {
             // SAFETY: this thread owns weight rows [r0, r1), so output
             // elements [i*rows + t0, i*rows + t1) are written by no one else;
-            // `matmul_with_isa` checked `out.len() == n * rows`.
+            // `check_call` checked `out.len() == n * rows`.
             let o = unsafe { out.slice(i * shape.rows + t0, t1 - t0) };
             // SAFETY: `kernel_for` only returns kernels for ISAs that
-            // `matmul_with_isa` checked are available; `w_tile` is `o.len()`
+            // `check_call` checked are available; `w_tile` is `o.len()`
             // rows of `row_bytes`, each `x_row.len()` elements.
             unsafe { k(w_tile, shape.row_bytes, x_row, o) };
         }
