@@ -167,30 +167,24 @@ pub fn matmul_shared(
     for (w, out) in parts.iter() {
         check_call(isa, w, x, n, out)?;
     }
-    let mut from = 0;
-    while from < parts.len() {
-        let w0 = parts[from].0;
-        let to = from
-            + 1
-            + parts[from + 1..]
-                .iter()
-                .take_while(|(w, _)| (w.ty, w.cols, w.layout) == (w0.ty, w0.cols, w0.layout))
-                .count();
-        matmul_group(isa, rounding, &mut parts[from..to], x, n, pool)?;
-        from = to;
+    let alike = |a: &(WeightView<'_>, &mut [f32]), b: &(WeightView<'_>, &mut [f32])| {
+        (a.0.ty, a.0.cols, a.0.layout) == (b.0.ty, b.0.cols, b.0.layout)
+    };
+    for group in parts.chunk_by_mut(alike) {
+        matmul_group(isa, rounding, group, x, n, pool)?;
     }
     Ok(())
 }
 
-/// Checks one call's shapes and ISA; the weight rows' bytes.
+/// Checks one call's shapes and ISA.
 fn check_call(
     isa: Isa,
     w: &WeightView<'_>,
     x: &[f32],
     n: usize,
     out: &[f32],
-) -> Result<usize, KernelError> {
-    let row_bytes = w.validate()?;
+) -> Result<(), KernelError> {
+    w.validate()?;
     let in_len = n
         .checked_mul(w.cols)
         .ok_or_else(|| KernelError::unsupported("activation size overflows"))?;
@@ -214,7 +208,7 @@ fn check_call(
     if !isa.is_available() {
         return Err(KernelError::unsupported(format!("ISA {isa} on this CPU")));
     }
-    Ok(row_bytes)
+    Ok(())
 }
 
 /// [`matmul_shared`] for matrices of one type, width and layout (checked).
@@ -377,16 +371,12 @@ fn matmul_group(
                             })
                             .collect();
                         let range = multi.range;
+                        // SAFETY (of each call): as for the float kernels;
+                        // `packed` holds the activations packed for this
+                        // kernel when it needs them.
                         let calls: Vec<_> = jobs
                             .iter()
-                            .map(|job| {
-                                move |r0, r1, i0, i1| {
-                                    // SAFETY: as for the float kernels; `packed`
-                                    // holds the activations packed for this kernel
-                                    // when it needs them.
-                                    unsafe { range(job, r0, r1, i0, i1) }
-                                }
-                            })
+                            .map(|job| move |r0, r1, i0, i1| unsafe { range(job, r0, r1, i0, i1) })
                             .collect();
                         if !multi_rows {
                             // A one-row kernel that reads packed activations
@@ -396,12 +386,12 @@ fn matmul_group(
                                 .iter()
                                 .map(|f| move |r0, r1| f(r0, r1, 0, 1))
                                 .collect();
-                            let jobs: Vec<SplitPart<'_>> = one
+                            let split: Vec<SplitPart<'_>> = one
                                 .iter()
                                 .enumerate()
                                 .map(|(m, f)| (&shapes[m], weights[m].len(), f as _))
                                 .collect();
-                            run_split(pool, &jobs);
+                            run_split(pool, &split);
                             return;
                         }
                         let jobs: Vec<MultiPart<'_>> = calls
