@@ -28,7 +28,7 @@
 
 use crate::error::KernelError;
 use crate::quant::kernels::{FloatRowsFn, Grain, Kernel, QuantMulti, QuantRowsFn};
-use crate::quant::multi_row::{self, ActGroup, QuantJob};
+use crate::quant::multi_row::{self, ActGroup, QuantJob, QuantRangeFn};
 use crate::quant::panels::{check_shape as check_panels, from_panels};
 use crate::quant::q8_act::{ActFormat, ActRounding, QuantizedActs};
 use crate::quant::vertical::{from_vertical, vertical_supported};
@@ -165,24 +165,26 @@ pub fn matmul_shared(
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
     for (w, out) in parts.iter() {
-        check_call(isa, w, x, n, out)?;
+        check_call(isa, w, x, n, out.len(), n)?;
     }
     let alike = |a: &(WeightView<'_>, &mut [f32]), b: &(WeightView<'_>, &mut [f32])| {
         (a.0.ty, a.0.cols, a.0.layout) == (b.0.ty, b.0.cols, b.0.layout)
     };
     for group in parts.chunk_by_mut(alike) {
-        matmul_group(isa, rounding, group, x, n, pool)?;
+        matmul_group(isa, rounding, group, x, n, pool, None)?;
     }
     Ok(())
 }
 
-/// Checks one call's shapes and ISA.
+/// Checks one call's shapes and ISA: `out_len` values hold `out_rows`
+/// rows of outputs.
 fn check_call(
     isa: Isa,
     w: &WeightView<'_>,
     x: &[f32],
     n: usize,
-    out: &[f32],
+    out_len: usize,
+    out_rows: usize,
 ) -> Result<(), KernelError> {
     w.validate()?;
     let in_len = n
@@ -195,14 +197,14 @@ fn check_call(
             x.len(),
         ));
     }
-    let out_len = n
+    let want = out_rows
         .checked_mul(w.rows)
         .ok_or_else(|| KernelError::unsupported("output size overflows"))?;
-    if out.len() != out_len {
+    if out_len != want {
         return Err(KernelError::size(
-            "matmul output (n * rows)",
+            "matmul output (rows of outputs * rows)",
+            want,
             out_len,
-            out.len(),
         ));
     }
     if !isa.is_available() {
@@ -211,7 +213,138 @@ fn check_call(
     Ok(())
 }
 
-/// [`matmul_shared`] for matrices of one type, width and layout (checked).
+/// `x · wᵀ` for the activation rows `keep` marks, into `out` (the `k`-th
+/// kept row's outputs are `out[k * w.rows..(k + 1) * w.rows]`), while
+/// every other row's outputs are handed to `visit(i, r0, values)` as they
+/// are computed: `values` are outputs `r0..r0 + values.len()` of row `i`,
+/// each output in exactly one piece, pieces in no particular order and
+/// possibly on several threads at once. The same bits as [`matmul_with`].
+///
+/// For rows reduced as soon as they exist (the token a sampler picks from
+/// an output head's logits): with several rows and a kernel that reads
+/// packed activations, a visited row's outputs are never stored whole
+/// (a 262k-token head writes 1 MB a row, read back from memory by the
+/// sampler), and the reduction runs on every thread while its piece is in
+/// cache. Otherwise every row is computed first and visited whole.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_visit(
+    isa: Isa,
+    rounding: ActRounding,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n: usize,
+    keep: &[bool],
+    out: &mut [f32],
+    pool: &ThreadPool,
+    visit: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+) -> Result<(), KernelError> {
+    if keep.len() != n {
+        return Err(KernelError::size(
+            "rows marked kept or visited",
+            n,
+            keep.len(),
+        ));
+    }
+    let kept = keep.iter().filter(|&&k| k).count();
+    check_call(isa, w, x, n, out.len(), kept)?;
+    if kept == n {
+        return matmul_with(isa, rounding, w, x, n, out, pool);
+    }
+    let mut kept_at = Vec::with_capacity(n);
+    let mut k = 0;
+    for &keep in keep {
+        kept_at.push(keep.then(|| {
+            k += 1;
+            k - 1
+        }));
+    }
+    if !visits_in_place(isa, rounding, w, n) {
+        let mut all = vec![0f32; n * w.rows];
+        matmul_with(isa, rounding, w, x, n, &mut all, pool)?;
+        for (i, at) in kept_at.iter().enumerate() {
+            let row = &mut all[i * w.rows..(i + 1) * w.rows];
+            match at {
+                Some(k) => out[k * w.rows..(k + 1) * w.rows].copy_from_slice(row),
+                None => visit(i, 0, row),
+            }
+        }
+        return Ok(());
+    }
+    let sink = Sink {
+        kept_at,
+        out: OutPtr::new(out),
+        stride: w.rows,
+        visit,
+    };
+    matmul_group(isa, rounding, &mut [(*w, &mut [])], x, n, pool, Some(&sink))
+}
+
+/// Whether [`matmul_visit`] computes `w`'s outputs piece by piece: several
+/// rows, and a quantized kernel that reads packed activations from the
+/// matrix's layout.
+fn visits_in_place(isa: Isa, rounding: ActRounding, w: &WeightView<'_>, n: usize) -> bool {
+    n >= MULTI_ROWS && w.rows > 0 && w.cols > 0 && shares_activations(isa, rounding, w, n)
+}
+
+/// Outputs a [`matmul_visit`] work item computes at most: 64 KiB of f32,
+/// read back from L2 right after.
+const VISIT_ITEM: usize = 64 * 1024;
+
+/// Where a [`matmul_visit`]'s outputs go: kept rows into `out` (`stride`
+/// values a row), the others to `visit`.
+struct Sink<'a> {
+    kept_at: Vec<Option<usize>>,
+    out: OutPtr,
+    stride: usize,
+    visit: &'a (dyn Fn(usize, usize, &mut [f32]) + Sync),
+}
+
+impl Sink<'_> {
+    /// One work item: `range` computes outputs `(i0..i1) x (r0..r1)` of
+    /// `job` into this thread's scratch, then each row's piece is kept or
+    /// visited.
+    fn item(
+        &self,
+        range: QuantRangeFn,
+        job: &QuantJob<'_>,
+        r0: usize,
+        r1: usize,
+        i0: usize,
+        i1: usize,
+    ) {
+        let cols = r1 - r0;
+        let need = (i1 - i0) * cols;
+        with_scratch(&PIECES, Vec::new, |buf| {
+            if buf.len() < need {
+                buf.resize(need, 0.0);
+            }
+            let buf = &mut buf[..need];
+            let window = OutPtr::window(buf, self.stride, i0, r0, cols);
+            let job = QuantJob {
+                out: &window,
+                ..*job
+            };
+            // SAFETY: as for every multi-row call in `matmul_group` (the
+            // ISA checked, shapes checked, this item owns outputs (i0..i1)
+            // x (r0..r1)); the window holds exactly those outputs.
+            unsafe { range(&job, r0, r1, i0, i1) };
+            for (i, piece) in (i0..i1).zip(buf.chunks_exact_mut(cols.max(1))) {
+                match self.kept_at[i] {
+                    // SAFETY: this item owns outputs r0..r1 of row i, which
+                    // a kept row holds at `k * stride + r`.
+                    Some(k) => {
+                        unsafe { self.out.slice(k * self.stride + r0, cols) }.copy_from_slice(piece)
+                    }
+                    None => (self.visit)(i, r0, piece),
+                }
+            }
+        });
+    }
+}
+
+/// [`matmul_shared`] for matrices of one type, width and layout (checked);
+/// with a `sink`, [`matmul_visit`] of one matrix whose kernel reads packed
+/// activations ([`visits_in_place`]).
 fn matmul_group(
     isa: Isa,
     rounding: ActRounding,
@@ -219,10 +352,11 @@ fn matmul_group(
     x: &[f32],
     n: usize,
     pool: &ThreadPool,
+    sink: Option<&Sink<'_>>,
 ) -> Result<(), KernelError> {
     if parts.len() > 1 && !shares_activations(isa, rounding, &parts[0].0, n) {
         for (w, out) in parts.iter_mut() {
-            matmul_group(isa, rounding, &mut [(*w, &mut **out)], x, n, pool)?;
+            matmul_group(isa, rounding, &mut [(*w, &mut **out)], x, n, pool, None)?;
         }
         return Ok(());
     }
@@ -371,6 +505,19 @@ fn matmul_group(
                             })
                             .collect();
                         let range = multi.range;
+                        if let Some(sink) = sink {
+                            // One matrix (`matmul_visit`), several rows.
+                            let job = &jobs[0];
+                            let f = |r0, r1, i0, i1| sink.item(range, job, r0, r1, i0, i1);
+                            let part = MultiPart {
+                                shape: &shapes[0],
+                                weight_bytes: weights[0].len(),
+                                f: &f,
+                            };
+                            let grain = (multi.grain)(w.cols);
+                            run_split_multi_capped(pool, &[part], grain, Some(VISIT_ITEM));
+                            return;
+                        }
                         // SAFETY (of each call): as for the float kernels;
                         // `packed` holds the activations packed for this
                         // kernel when it needs them.
@@ -444,6 +591,8 @@ thread_local! {
     static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::new());
     /// The same, packed for the multi-row kernels.
     static PACKED: RefCell<Vec<ActGroup>> = const { RefCell::new(Vec::new()) };
+    /// A [`matmul_visit`] work item's outputs.
+    static PIECES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// From this many activation rows on, the multi-row kernels run.
@@ -522,6 +671,18 @@ struct MultiPart<'a> {
 /// same operations, whoever takes it. Small problems run on the caller
 /// alone.
 fn run_split_multi(pool: &ThreadPool, parts: &[MultiPart<'_>], grain: Grain) {
+    run_split_multi_capped(pool, parts, grain, None)
+}
+
+/// [`run_split_multi`]; with a `cap`, every item is shared (no thread
+/// keeps rows of its own) and computes at most about `cap` outputs (whole
+/// tiles, at least one).
+fn run_split_multi_capped(
+    pool: &ThreadPool,
+    parts: &[MultiPart<'_>],
+    grain: Grain,
+    cap: Option<usize>,
+) {
     let Some(n) = parts.first().map(|p| p.shape.n) else {
         return;
     };
@@ -535,7 +696,11 @@ fn run_split_multi(pool: &ThreadPool, parts: &[MultiPart<'_>], grain: Grain) {
         .map(|p| p.weight_bytes.saturating_mul(n))
         .fold(0usize, usize::saturating_add);
     let threads = pool.n_threads();
-    if threads <= 1 || work < SERIAL_WORK {
+    // Chunks of activation rows of about L2 size.
+    let own_chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
+    // With a cap: the tiles in a block that keep a chunk's outputs under it.
+    let capped_tiles = cap.map(|cap| (cap / (own_chunk.min(n) * weight_rows)).max(1));
+    if capped_tiles.is_none() && (threads <= 1 || work < SERIAL_WORK) {
         parts.iter().for_each(|p| (p.f)(0, p.shape.rows, 0, n));
         return;
     }
@@ -547,7 +712,7 @@ fn run_split_multi(pool: &ThreadPool, parts: &[MultiPart<'_>], grain: Grain) {
         .flat_map(|(m, p)| {
             let rows = p.shape.rows;
             let tiles = rows.div_ceil(weight_rows);
-            let block_tiles = tiles.div_ceil(4 * threads).max(1);
+            let block_tiles = capped_tiles.unwrap_or(tiles.div_ceil(4 * threads).max(1));
             (0..tiles.div_ceil(block_tiles)).map(move |b| {
                 (
                     m,
@@ -559,9 +724,15 @@ fn run_split_multi(pool: &ThreadPool, parts: &[MultiPart<'_>], grain: Grain) {
         .collect();
     let run =
         |&(m, r0, r1): &(usize, usize, usize), i0: usize, i1: usize| (parts[m].f)(r0, r1, i0, i1);
-    // Chunks of activation rows of about L2 size.
-    let own_chunk = multi_row::act_chunk_rows(act_row_bytes).next_multiple_of(act_rows);
-    if n >= threads * own_chunk {
+    if capped_tiles.is_some() && (threads <= 1 || work < SERIAL_WORK) {
+        for i0 in (0..n).step_by(own_chunk) {
+            blocks
+                .iter()
+                .for_each(|b| run(b, i0, (i0 + own_chunk).min(n)));
+        }
+        return;
+    }
+    if cap.is_none() && n >= threads * own_chunk {
         pool.run(&|t, nt| {
             // The rows' share every step gives this thread, on the
             // kernel's row grain.
@@ -581,7 +752,7 @@ fn run_split_multi(pool: &ThreadPool, parts: &[MultiPart<'_>], grain: Grain) {
     // Shared items: smaller chunks when there are too few blocks to keep
     // every thread busy.
     let mut chunk = own_chunk;
-    if blocks.len() < 2 * threads {
+    if cap.is_none() && blocks.len() < 2 * threads {
         let want_chunks = (2 * threads).div_ceil(blocks.len().max(1));
         chunk = chunk.min(n.div_ceil(want_chunks).next_multiple_of(act_rows));
     }
@@ -696,10 +867,24 @@ fn quant_range(
 }
 
 /// The output buffer shared by the threads of one matmul, each writing only
-/// the elements it owns.
+/// the elements it owns. Kernels address it as the whole `n x rows` output
+/// (`out[i * rows + r]`); a window ([`OutPtr::window`]) holds only some
+/// of those elements, for a [`matmul_visit`] work item.
 pub(crate) struct OutPtr {
     ptr: *mut f32,
     len: usize,
+    window: Option<Window>,
+}
+
+/// The part of an `n x stride` output a windowed [`OutPtr`] holds:
+/// activation rows from `row0` on x outputs `col0..col0 + cols`, stored
+/// row after row (`cols` apart).
+#[derive(Clone, Copy)]
+struct Window {
+    stride: usize,
+    row0: usize,
+    col0: usize,
+    cols: usize,
 }
 
 // SAFETY: threads only create disjoint sub-slices (see `slice`), and the
@@ -711,7 +896,39 @@ impl OutPtr {
         OutPtr {
             ptr: out.as_mut_ptr(),
             len: out.len(),
+            window: None,
         }
+    }
+
+    /// `buf` standing for outputs `(i, r)`, `i >= row0`, `r` in `col0..col0
+    /// + cols`, of an output of `stride` values a row: `(i, r)` is
+    /// `buf[(i - row0) * cols + r - col0]`.
+    fn window(buf: &mut [f32], stride: usize, row0: usize, col0: usize, cols: usize) -> Self {
+        OutPtr {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            window: Some(Window {
+                stride,
+                row0,
+                col0,
+                cols,
+            }),
+        }
+    }
+
+    /// Where the `len` elements from output index `start` are in the
+    /// buffer (asserting that a window holds all of them).
+    #[inline]
+    fn at(&self, start: usize, len: usize) -> usize {
+        let Some(w) = self.window else {
+            return start;
+        };
+        let (i, r) = (start / w.stride, start % w.stride);
+        assert!(
+            i >= w.row0 && r >= w.col0 && r + len <= w.col0 + w.cols,
+            "output outside the window"
+        );
+        (i - w.row0) * w.cols + r - w.col0
     }
 
     /// `out[start..start + len]`, checked against the buffer's bounds.
@@ -723,6 +940,7 @@ impl OutPtr {
     /// no [`set`](Self::set) writes into it.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        let start = self.at(start, len);
         assert!(start <= self.len && len <= self.len - start);
         // SAFETY: in bounds (checked above); exclusive by the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
@@ -736,6 +954,7 @@ impl OutPtr {
     /// live slice from this `OutPtr` covers it.
     #[inline]
     pub(crate) unsafe fn set(&self, i: usize, v: f32) {
+        let i = self.at(i, 1);
         assert!(i < self.len);
         // SAFETY: in bounds (checked above); exclusive by the caller's promise.
         unsafe { *self.ptr.add(i) = v }

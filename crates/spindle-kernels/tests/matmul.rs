@@ -609,3 +609,124 @@ fn shared_calls_give_each_matrix_its_own_calls_bits() {
         "{err:?}"
     );
 }
+
+#[test]
+fn visited_rows_get_every_output_once_with_the_calls_bits() {
+    use spindle_kernels::matmul::matmul_visit;
+    use spindle_kernels::quant::panels::to_panels;
+    use spindle_kernels::quant::vertical::to_vertical;
+    use spindle_kernels::WeightLayout;
+    use std::sync::Mutex;
+    let mut rng = StdRng::seed_from_u64(29);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    // An output head in panels (many items per row), the other layouts, a
+    // K-quant, and a float matrix (computed whole, then visited).
+    let cases = [
+        (GgmlType::Q8_0, 4096, 640, WeightLayout::Panels),
+        (GgmlType::Q8_0, 200, 640, WeightLayout::Gguf),
+        (GgmlType::Q5_0, 512, 640, WeightLayout::Vertical),
+        (GgmlType::Q4_K, 96, 768, WeightLayout::Gguf),
+        (GgmlType::F32, 48, 640, WeightLayout::Gguf),
+    ];
+    for (ty, rows, cols, layout) in cases {
+        let mut data = random_weights(&mut rng, ty, rows, cols);
+        match layout {
+            WeightLayout::Panels => to_panels(ty, rows, cols, &mut data).unwrap(),
+            WeightLayout::Vertical => to_vertical(ty, cols, &mut data).unwrap(),
+            WeightLayout::Gguf => {}
+        }
+        let w = WeightView::new(ty, rows, cols, &data)
+            .unwrap()
+            .with_layout(layout);
+        for n in [1, 2, 7, 16, 41] {
+            let x = random_acts(&mut rng, n, cols);
+            // Every row visited, every row but one, every other row.
+            let masks: Vec<Vec<bool>> = vec![
+                vec![false; n],
+                (0..n).map(|i| i == n / 2).collect(),
+                (0..n).map(|i| i % 2 == 1).collect(),
+            ];
+            for isa in available_isas() {
+                for pool in &pools {
+                    let rounding = ActRounding::default();
+                    let mut want = vec![0.0f32; n * rows];
+                    matmul_with(isa, rounding, &w, &x, n, &mut want, pool).unwrap();
+                    for keep in &masks {
+                        let kept = keep.iter().filter(|&&k| k).count();
+                        let mut out = vec![f32::NAN; kept * rows];
+                        // Each output's value and how often it was visited.
+                        let seen = Mutex::new(vec![(0u32, 0u32); n * rows]);
+                        let visit = |i: usize, r0: usize, piece: &mut [f32]| {
+                            assert!(!keep[i], "kept row {i} visited");
+                            let mut seen = seen.lock().unwrap();
+                            for (r, v) in piece.iter().enumerate() {
+                                let s = &mut seen[i * rows + r0 + r];
+                                *s = (v.to_bits(), s.1 + 1);
+                            }
+                        };
+                        matmul_visit(isa, rounding, &w, &x, n, keep, &mut out, pool, &visit)
+                            .unwrap();
+                        let seen = seen.into_inner().unwrap();
+                        let what =
+                            format!("{ty} {layout:?} n={n} {isa} {} threads", pool.n_threads());
+                        let mut k = 0;
+                        for i in 0..n {
+                            let want = &want[i * rows..(i + 1) * rows];
+                            let got: Vec<u32> = if keep[i] {
+                                k += 1;
+                                bits(&out[(k - 1) * rows..k * rows])
+                            } else {
+                                let s = &seen[i * rows..(i + 1) * rows];
+                                let twice = s.iter().position(|s| s.1 != 1);
+                                assert!(
+                                    twice.is_none(),
+                                    "{what}: row {i} output {twice:?} visited not once"
+                                );
+                                s.iter().map(|s| s.0).collect()
+                            };
+                            assert_same(&got, &bits(want), format_args!("{what}: row {i}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The mask and the kept rows' buffer must fit the call.
+    let cols = 640;
+    let data = random_weights(&mut rng, GgmlType::Q8_0, 32, cols);
+    let w = WeightView::new(GgmlType::Q8_0, 32, cols, &data).unwrap();
+    let x = random_acts(&mut rng, 2, cols);
+    let isa = detected_isa();
+    let r = ActRounding::default();
+    let mut out = vec![0.0f32; 32];
+    let err = matmul_visit(
+        isa,
+        r,
+        &w,
+        &x,
+        2,
+        &[true],
+        &mut out,
+        &pools[0],
+        &|_, _, _| {},
+    );
+    assert!(
+        matches!(err, Err(KernelError::SizeMismatch { .. })),
+        "{err:?}"
+    );
+    let err = matmul_visit(
+        isa,
+        r,
+        &w,
+        &x,
+        2,
+        &[true, true],
+        &mut out,
+        &pools[0],
+        &|_, _, _| {},
+    );
+    assert!(
+        matches!(err, Err(KernelError::SizeMismatch { .. })),
+        "{err:?}"
+    );
+}
