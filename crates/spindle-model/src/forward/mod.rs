@@ -578,6 +578,25 @@ impl Model {
     /// Logits of the batch rows `rows` (each must be in `hidden.rows`), in
     /// the order given: the output head over their hidden states.
     pub fn logits(&self, hidden: &Hidden, rows: &[usize]) -> Result<Logits, ModelError> {
+        let keep = vec![true; rows.len()];
+        self.logits_visiting(hidden, rows, &keep, &|_, _, _| {})
+    }
+
+    /// [`Model::logits`] of the rows of `rows` that `keep` marks, while the
+    /// logits of every other row go to `visit(j, first, values)` (`j` its
+    /// index in `rows`; `values` the logits of tokens `first..first +
+    /// values.len()`) in pieces as the head computes them: each logit in
+    /// one piece, pieces in any order and on any thread
+    /// ([`spindle_kernels::matmul::matmul_visit`]). The same bits as
+    /// `logits`. For rows that only need the token a sampler picks: their
+    /// logits are never stored whole, and the picking runs on every core.
+    pub fn logits_visiting(
+        &self,
+        hidden: &Hidden,
+        rows: &[usize],
+        keep: &[bool],
+        visit: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    ) -> Result<Logits, ModelError> {
         let cfg = &self.config;
         let e = hidden.n_embd;
         let mut clock = OpClock::new(self.profiling);
@@ -590,9 +609,39 @@ impl Model {
             )))?;
             hn[j * e..(j + 1) * e].copy_from_slice(x);
         }
-        let mut data = spare_logits::take(rows.len() * cfg.vocab_size);
+        if keep.len() != rows.len() {
+            return Err(ModelError::InvalidBatch(format!(
+                "{} rows marked kept or visited for a head call of {} rows",
+                keep.len(),
+                rows.len()
+            )));
+        }
+        let kept: Vec<usize> = rows
+            .iter()
+            .zip(keep)
+            .filter(|(_, &k)| k)
+            .map(|(&r, _)| r)
+            .collect();
+        let mut data = spare_logits::take(kept.len() * cfg.vocab_size);
+        let out = &self.weights.output;
+        let capped = |j: usize, first: usize, piece: &mut [f32]| {
+            if let Some(cap) = cfg.final_softcap {
+                soft_cap(piece, cap);
+            }
+            visit(j, first, piece);
+        };
         if !rows.is_empty() {
-            self.matmul(&self.weights.output, hn, rows.len(), &mut data)?;
+            spindle_kernels::matmul::matmul_visit(
+                self.isa,
+                self.act_rounding,
+                &out.view(),
+                &hn[..rows.len() * out.cols],
+                rows.len(),
+                keep,
+                &mut data,
+                &self.pool,
+                &capped,
+            )?;
         }
         if let Some(cap) = cfg.final_softcap {
             soft_cap(&mut data, cap);
@@ -601,7 +650,7 @@ impl Model {
         self.op_times.add(clock);
         Ok(Logits {
             vocab: cfg.vocab_size,
-            rows: rows.to_vec(),
+            rows: kept,
             data,
         })
     }
