@@ -121,24 +121,30 @@ pub(super) fn gumbel_argmax_dense(logits: &[f32], inv_t: f64, seed: u64, positio
     let bound = score_bound(keyed, (top_id, logits[top_id as usize]), inv_t);
     // The tokens the pruned loop would skip are dropped beforehand, 8 at a
     // time.
-    let left = unskipped(logits, keyed, inv_t, bound);
+    let left = unskipped(logits, 0, keyed, inv_t, bound);
     gumbel_argmax_from(left.into_iter(), top_id, keyed, bound, inv_t)
 }
 
-/// The tokens of `logits` (with their logits) that [`variate_reaching`]
-/// does not skip against `floor`: the same tests, on 8 tokens at a time
-/// (their hashes and draws in vector registers where the CPU has 64-bit
-/// vector multiplies).
-pub(super) fn unskipped(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
+/// The tokens of `logits` (token `first + i` at `i`, with their logits)
+/// that [`variate_reaching`] does not skip against `floor`: the same
+/// tests, on 8 tokens at a time (their hashes and draws in vector
+/// registers where the CPU has 64-bit vector multiplies).
+pub(super) fn unskipped(
+    logits: &[f32],
+    first: u32,
+    keyed: u64,
+    inv_t: f64,
+    floor: f64,
+) -> Vec<(u32, f32)> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512dq")
         && std::arch::is_x86_feature_detected!("avx512vl")
     {
         // SAFETY: the features are checked just above.
-        return unsafe { unskipped_avx512(logits, keyed, inv_t, floor) };
+        return unsafe { unskipped_avx512(logits, first, keyed, inv_t, floor) };
     }
-    unskipped_portable(logits, keyed, inv_t, floor)
+    unskipped_portable(logits, first, keyed, inv_t, floor)
 }
 
 /// [`unskipped`] compiled for AVX-512 (the same operations).
@@ -147,20 +153,27 @@ pub(super) fn unskipped(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> V
 /// AVX-512 F, DQ and VL available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f,avx512dq,avx512vl")]
-unsafe fn unskipped_avx512(logits: &[f32], keyed: u64, inv_t: f64, floor: f64) -> Vec<(u32, f32)> {
-    unskipped_portable(logits, keyed, inv_t, floor)
+unsafe fn unskipped_avx512(
+    logits: &[f32],
+    first: u32,
+    keyed: u64,
+    inv_t: f64,
+    floor: f64,
+) -> Vec<(u32, f32)> {
+    unskipped_portable(logits, first, keyed, inv_t, floor)
 }
 
 #[inline(always)]
 pub(super) fn unskipped_portable(
     logits: &[f32],
+    first: u32,
     keyed: u64,
     inv_t: f64,
     floor: f64,
 ) -> Vec<(u32, f32)> {
     let mut out = Vec::new();
     let mut chunks = logits.chunks_exact(8);
-    let mut base = 0u32;
+    let mut base = first;
     for chunk in &mut chunks {
         // Straight-line passes over the 8 lanes, which the compiler turns
         // into vector operations.
@@ -234,13 +247,13 @@ fn last_bits_where(holds: impl Fn(f64) -> bool) -> u64 {
 
 /// The score of the most likely candidate `(top_id, top_logit)`: a lower
 /// bound on the best score.
-fn score_bound(keyed: u64, (top_id, top_logit): (u32, f32), inv_t: f64) -> f64 {
+pub(super) fn score_bound(keyed: u64, (top_id, top_logit): (u32, f32), inv_t: f64) -> f64 {
     top_logit as f64 * inv_t + gumbel_of(draw(keyed, top_id as u64))
 }
 
 /// The pruned loop of [`gumbel_argmax`], from its most likely candidate
 /// `top_id` and that candidate's score `bound`.
-fn gumbel_argmax_from(
+pub(super) fn gumbel_argmax_from(
     candidates: impl Iterator<Item = (u32, f32)>,
     top_id: u32,
     keyed: u64,

@@ -11,11 +11,13 @@
 use std::collections::HashMap;
 
 mod gumbel;
+mod pieces;
 
 pub use gumbel::gumbel_noise;
 use gumbel::{draw, gumbel_argmax, gumbel_argmax_dense, gumbel_of, key, variate_reaching};
 #[cfg(test)]
 use gumbel::{gumbel, unskipped, unskipped_portable, MAX_U, SMALL_U};
+pub use pieces::{PieceChoice, PieceChooser};
 
 /// Sampling settings. The defaults are plain greedy decoding.
 #[derive(Debug, Clone, PartialEq)]
@@ -465,12 +467,12 @@ mod tests {
             let bits =
                 |v: &[(u32, f32)]| v.iter().map(|&(i, x)| (i, x.to_bits())).collect::<Vec<_>>();
             assert_eq!(
-                bits(&unskipped(&l, keyed, inv_t, floor)),
+                bits(&unskipped(&l, 0, keyed, inv_t, floor)),
                 bits(&want),
                 "trial {trial}"
             );
             assert_eq!(
-                bits(&unskipped_portable(&l, keyed, inv_t, floor)),
+                bits(&unskipped_portable(&l, 0, keyed, inv_t, floor)),
                 bits(&want),
                 "trial {trial}"
             );
