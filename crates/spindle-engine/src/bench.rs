@@ -7,6 +7,7 @@ use spindle_model::{Batch, Hidden, KvCache, Model, Row};
 
 use crate::error::EngineError;
 use crate::sampler::{choose_bounded, sample, SamplerConfig};
+use crate::speculative::verify::LazyLogits;
 
 /// Mean, standard deviation and median of repeated measurements.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -196,6 +197,40 @@ pub fn time_rows_chosen(
     context: usize,
     reps: usize,
 ) -> Result<Summary, EngineError> {
+    time_chain_passes(model, kv, rows, context, reps, &|_, hidden| {
+        chosen_token(model, &hidden, rows - 1).map(|_| ())
+    })
+}
+
+/// [`time_rows`] with every row's greedy token chosen as a verification
+/// pass's walk has them chosen ([`LazyLogits::compute_choosing`]: the head
+/// over every row, each row's token picked as its logits are computed,
+/// none stored), the screen not used.
+pub fn time_rows_every_chosen(
+    model: &Model,
+    kv: &mut KvCache,
+    rows: usize,
+    context: usize,
+    reps: usize,
+) -> Result<Summary, EngineError> {
+    let greedy = SamplerConfig::default();
+    time_chain_passes(model, kv, rows, context, reps, &|batch, hidden| {
+        let mut logits = LazyLogits::new(hidden, batch);
+        let choose: Vec<(usize, &SamplerConfig)> = (0..rows).map(|r| (r, &greedy)).collect();
+        logits.compute_choosing(model, &[], &choose)
+    })
+}
+
+/// Times passes of a chain of `rows` rows after `context` committed
+/// tokens, each pass's head run by `head` from its hidden states.
+fn time_chain_passes(
+    model: &Model,
+    kv: &mut KvCache,
+    rows: usize,
+    context: usize,
+    reps: usize,
+    head: &dyn Fn(&Batch, Hidden) -> Result<(), EngineError>,
+) -> Result<Summary, EngineError> {
     let vocab = model.config.vocab_size;
     let seq = kv.add_sequence()?;
     let run = |kv: &mut KvCache| -> Result<Summary, EngineError> {
@@ -209,11 +244,7 @@ pub fn time_rows_chosen(
         let toks = bench_tokens(rows, vocab, 11);
         let mut b = Batch::new();
         b.push_chain(seq, context, &toks, |_| true);
-        let pass = |kv: &mut KvCache| -> Result<(), EngineError> {
-            let hidden = model.forward_hidden(&b, kv)?;
-            chosen_token(model, &hidden, rows - 1)?;
-            Ok(())
-        };
+        let pass = |kv: &mut KvCache| head(&b, model.forward_hidden(&b, kv)?);
         pass(kv)?; // warm-up
         let mut samples = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {

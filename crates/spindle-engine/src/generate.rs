@@ -297,7 +297,7 @@ pub fn generate_on(
         kv.commit(seq, &[0])?;
         stats.passes += 1;
         stats.decode_passes += 1;
-        lazy = Some(LazyLogits::new(hidden));
+        lazy = Some(LazyLogits::new(hidden, &batch));
     };
     stats.gen_tokens = generated;
     stats.gen_seconds = t1.elapsed().as_secs_f64();

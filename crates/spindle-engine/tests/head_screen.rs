@@ -101,3 +101,97 @@ fn the_screened_head_chooses_what_the_full_head_chooses() {
         "a bound a twentieth as wide chose the same tokens everywhere"
     );
 }
+
+/// Tokens chosen while the head computes the logits (each work item's
+/// piece judged on its thread, `LazyLogits::compute_choosing`), against
+/// `sample` over the full head's logits, at `rows`; the rows of `keep`
+/// keep every logit in the same call, which must be the full head's bits.
+fn piece_mismatches(
+    model: &Model,
+    hidden: &Hidden,
+    batch: &Batch,
+    rows: &[usize],
+    keep: &[usize],
+    cfg: &SamplerConfig,
+) -> usize {
+    use spindle_engine::speculative::verify::LazyLogits;
+    let all = model.logits(hidden, rows).unwrap();
+    let mut lazy = LazyLogits::new(hidden.clone(), batch);
+    let choose: Vec<(usize, &SamplerConfig)> = rows
+        .iter()
+        .filter(|r| !keep.contains(r))
+        .map(|&r| (r, cfg))
+        .collect();
+    lazy.compute_choosing(model, keep, &choose).unwrap();
+    for &r in keep {
+        let kept: Vec<u32> = lazy.get(r).unwrap().iter().map(|v| v.to_bits()).collect();
+        let full: Vec<u32> = all.row(r).unwrap().iter().map(|v| v.to_bits()).collect();
+        assert!(kept == full, "kept row {r} differs from the full head");
+    }
+    choose
+        .iter()
+        .filter(|&&(r, _)| {
+            let want = sample(cfg, all.row(r).unwrap(), &[], r + 1);
+            lazy.chosen_token(r, cfg, r + 1) != Some(want)
+        })
+        .count()
+}
+
+#[test]
+fn tokens_chosen_as_the_head_computes_them_are_the_full_heads() {
+    let Some(path) = real_model() else { return };
+    let lm = spindle_model::load(&path, 2).unwrap();
+    let tok = lm.tokenizer.as_ref().unwrap();
+    let mut model = lm.model;
+    let prompt = tok
+        .encode("The history of the bicycle begins", true, false)
+        .unwrap();
+    let (hidden, tokens) = hidden_of_a_generation(&model, &prompt, 120);
+    let mut batch = Batch::new();
+    let mut kv = model.new_kv_cache(KvType::F16, tokens.len(), 1);
+    let seq = kv.add_sequence().unwrap();
+    batch.push_chain(seq, 0, &tokens, |_| true);
+    let settings: Vec<SamplerConfig> = [0.0f32, 0.8, 1.5]
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| SamplerConfig {
+            temperature: t,
+            seed: 21 + i as u64,
+            ..SamplerConfig::default()
+        })
+        .collect();
+    let best = spindle_kernels::simd::detected_isa();
+    for isa in available_isas() {
+        model.set_isa(isa).unwrap();
+        // Every row in calls of up to 24 (as verification passes have
+        // them) on this machine's own path; every seventh on the others.
+        let step = if isa == best { 1 } else { 7 };
+        let rows: Vec<usize> = (0..tokens.len()).step_by(step).collect();
+        for cfg in &settings {
+            for call in rows.chunks(24) {
+                let keep: Vec<usize> = call.iter().copied().skip(1).step_by(5).collect();
+                let wrong = piece_mismatches(&model, &hidden, &batch, call, &keep, cfg);
+                assert_eq!(wrong, 0, "{isa:?} T {} rows {call:?}", cfg.temperature);
+            }
+        }
+    }
+    // The comparison can fail: the tokens drawn under another seed differ.
+    model.set_isa(best).unwrap();
+    let rows: Vec<usize> = (0..tokens.len()).collect();
+    let other = SamplerConfig {
+        seed: 99,
+        ..settings[1].clone()
+    };
+    let mut lazy = spindle_engine::speculative::verify::LazyLogits::new(hidden.clone(), &batch);
+    let choose: Vec<(usize, &SamplerConfig)> = rows.iter().map(|&r| (r, &other)).collect();
+    lazy.compute_choosing(&model, &[], &choose).unwrap();
+    let all = model.logits(&hidden, &rows).unwrap();
+    let differ = rows
+        .iter()
+        .filter(|&&r| {
+            lazy.chosen_token(r, &other, r + 1)
+                != Some(sample(&settings[1], all.row(r).unwrap(), &[], r + 1))
+        })
+        .count();
+    assert!(differ > 0, "another seed drew the same token at every row");
+}

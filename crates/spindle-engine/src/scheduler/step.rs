@@ -216,36 +216,34 @@ impl EngineLoop {
             self.model.forward_hidden(batch, &mut self.kv)
         })?;
         let body_ms = t.elapsed().as_secs_f64() * 1e3;
-        let mut logits = LazyLogits::new(hidden);
-        // Rows whose walk needs only the chosen token read the head's
-        // screen; the others (log-probabilities, penalties, cut sampling,
-        // logit bias) the full head.
+        let mut logits = LazyLogits::new(hidden, batch);
+        // Rows whose walk needs only the chosen token have it chosen as the
+        // head computes them (or, alone, read the head's screen); the
+        // others (log-probabilities, penalties, cut sampling, logit bias)
+        // keep every logit. One call of the head for all of them.
         let max_len = self.kv.max_len();
         let (mut first, mut screened) = (Vec::new(), Vec::new());
         for p in parts {
             if let Some(row) = p.logits_row {
-                let by_bounds = self.running[p.running]
-                    .req
-                    .params
-                    .rules(max_len)
-                    .chooses_from_bounds();
+                let rules = self.running[p.running].req.params.rules(max_len);
                 let rows = likeliest_path(&p.tree, row, row);
-                if by_bounds {
-                    screened.extend(rows);
+                if rules.chooses_from_bounds() {
+                    screened.extend(rows.into_iter().map(|r| (r, rules.sampler)));
                 } else {
                     first.extend(rows);
                 }
             }
         }
-        if !logits.screen(&self.model, &screened)? {
-            first.extend(screened);
+        let screened_rows: Vec<usize> = screened.iter().map(|s| s.0).collect();
+        if logits.screen(&self.model, &screened_rows)? {
+            screened.clear();
         }
         for p in parts {
             if let Some(s) = &p.score {
                 first.extend(&s.logits_rows);
             }
         }
-        logits.compute(&self.model, &first)?;
+        logits.compute_choosing(&self.model, &first, &screened)?;
         let head_ms = t.elapsed().as_secs_f64() * 1e3 - body_ms;
         Ok((logits, (body_ms, head_ms)))
     }

@@ -131,7 +131,7 @@ impl<F: FnMut(u32) -> bool> Generation<'_, F> {
             if let Some(row) = hidden.first_non_finite_row() {
                 return Err(ModelError::NonFiniteActivations { row }.into());
             }
-            let mut logits = LazyLogits::new(hidden);
+            let mut logits = LazyLogits::new(hidden, &batch);
             stats.passes += 1;
             stats.decode_passes += 1;
             stats.drafted += tree.len();

@@ -12,6 +12,8 @@
 
 use std::ops::Range;
 
+use std::sync::Mutex;
+
 use spindle_kernels::head_screen::ScreenBounds;
 use spindle_model::{Batch, Hidden, Logits, Model, Row, SeqId};
 
@@ -19,7 +21,7 @@ use super::token_tree::TokenTree;
 use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::generate::{next_token, FinishReason, Next, RowLogits, TokenRules};
-use crate::sampler::{choose_bounded, SamplerConfig};
+use crate::sampler::{choose_bounded, PieceChoice, PieceChooser, SamplerConfig};
 
 /// What a walk kept.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,12 +118,20 @@ pub fn walk(
 /// Each row's logits are bit-identical however rows are grouped (see
 /// [`Model::logits`]).
 ///
-/// A row that needs only its chosen token reads the head's screen instead
-/// ([`LazyLogits::screen`]: bounds on every logit, then the exact logits
-/// of the few tokens that can still win), when the model has one.
+/// A row that needs only its chosen token has it chosen while the head
+/// computes its logits, which are then never stored
+/// ([`LazyLogits::compute_choosing`]), or, alone in its call, reads the
+/// head's screen ([`LazyLogits::screen`]: bounds on every logit, then the
+/// exact logits of the few tokens that can still win) when the model has
+/// one.
 pub struct LazyLogits {
     hidden: Hidden,
+    /// Position of the token after each batch row.
+    next_pos: Vec<usize>,
     computed: Vec<Logits>,
+    /// Rows whose token was chosen without storing their logits: the row,
+    /// the settings and position it was chosen under, and the token.
+    chosen: Vec<(usize, SamplerConfig, usize, u32)>,
     /// Seconds the full head's calls took (for the pass log).
     head_seconds: f64,
     /// Screen bounds, per call: the rows and their bounds.
@@ -131,10 +141,13 @@ pub struct LazyLogits {
 }
 
 impl LazyLogits {
-    pub fn new(hidden: Hidden) -> LazyLogits {
+    /// The head of the pass that ran `batch` and gave `hidden`.
+    pub fn new(hidden: Hidden, batch: &Batch) -> LazyLogits {
         LazyLogits {
             hidden,
+            next_pos: batch.rows.iter().map(|r| r.pos + 1).collect(),
             computed: Vec::new(),
+            chosen: Vec::new(),
             head_seconds: 0.0,
             screened: Vec::new(),
             unscreened: false,
@@ -190,17 +203,77 @@ impl LazyLogits {
 
     /// Runs the head over `rows` (those not computed yet), in one call.
     pub fn compute(&mut self, model: &Model, rows: &[usize]) -> Result<(), EngineError> {
-        let todo: Vec<usize> = rows
-            .iter()
-            .copied()
-            .filter(|&r| self.find(r).is_none())
-            .collect();
-        if !todo.is_empty() {
-            let t = std::time::Instant::now();
-            self.computed.push(model.logits(&self.hidden, &todo)?);
-            self.head_seconds += t.elapsed().as_secs_f64();
+        self.compute_choosing(model, rows, &[])
+    }
+
+    /// Runs the head, in one call, over `full` (every logit kept) and
+    /// `choose`: rows whose token is chosen under their settings (which
+    /// must choose from bounds) while the head computes their logits,
+    /// which are not kept. Rows computed or chosen already are skipped.
+    pub fn compute_choosing(
+        &mut self,
+        model: &Model,
+        full: &[usize],
+        choose: &[(usize, &SamplerConfig)],
+    ) -> Result<(), EngineError> {
+        let mut rows: Vec<usize> = Vec::new();
+        for &r in full {
+            if self.find(r).is_none() && !rows.contains(&r) {
+                rows.push(r);
+            }
+        }
+        let kept = rows.len();
+        let mut choosers = Vec::new();
+        for &(r, cfg) in choose {
+            let pos = self.next_position(r)?;
+            if self.find(r).is_none()
+                && !rows.contains(&r)
+                && self.chosen_token(r, cfg, pos).is_none()
+            {
+                rows.push(r);
+                choosers.push((cfg, pos, PieceChooser::new(cfg, pos)));
+            }
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let keep: Vec<bool> = (0..rows.len()).map(|j| j < kept).collect();
+        let picks: Vec<Mutex<PieceChoice>> = choosers.iter().map(|_| Mutex::default()).collect();
+        let visit = |j: usize, first: usize, piece: &mut [f32]| {
+            let best = choosers[j - kept].2.piece(first, piece);
+            let mut pick = picks[j - kept].lock().unwrap_or_else(|p| p.into_inner());
+            *pick = pick.merge(best);
+        };
+        let t = std::time::Instant::now();
+        let logits = model.logits_visiting(&self.hidden, &rows, &keep, &visit)?;
+        self.head_seconds += t.elapsed().as_secs_f64();
+        if kept > 0 {
+            self.computed.push(logits);
+        }
+        for ((&row, (cfg, pos, _)), pick) in rows[kept..].iter().zip(choosers).zip(picks) {
+            let token = pick.into_inner().unwrap_or_else(|p| p.into_inner()).token();
+            self.chosen.push((row, cfg.clone(), pos, token));
         }
         Ok(())
+    }
+
+    /// The position of the token chosen after batch row `row`.
+    fn next_position(&self, row: usize) -> Result<usize, EngineError> {
+        self.next_pos.get(row).copied().ok_or_else(|| {
+            EngineError::Model(spindle_model::ModelError::InvalidBatch(format!(
+                "a token chosen after batch row {row}, past the pass's {} rows",
+                self.next_pos.len()
+            )))
+        })
+    }
+
+    /// The token chosen after row `row` under `cfg` at `position`, if
+    /// [`Self::compute_choosing`] chose it.
+    pub fn chosen_token(&self, row: usize, cfg: &SamplerConfig, position: usize) -> Option<u32> {
+        self.chosen
+            .iter()
+            .find(|(r, c, p, _)| *r == row && *p == position && c == cfg)
+            .map(|c| c.3)
     }
 
     /// Seconds the full head's calls have taken so far.
@@ -266,12 +339,20 @@ impl RowLogits for LazyRow<'_> {
         if self.logits.get(self.row).is_some() {
             return Ok(None);
         }
+        if let Some(t) = self.logits.chosen_token(self.row, cfg, position) {
+            return Ok(Some(t));
+        }
         let mut rows = self.more.clone();
         if !rows.contains(&self.row) {
             rows.insert(0, self.row);
         }
         if !self.logits.screen(self.model, &rows)? {
-            return Ok(None);
+            // The rows below, chosen under the same settings, in the same
+            // call (were the row's position in the pass not the one asked
+            // for, its token is not found here and `full` computes it).
+            let choose: Vec<(usize, &SamplerConfig)> = rows.iter().map(|&r| (r, cfg)).collect();
+            self.logits.compute_choosing(self.model, &[], &choose)?;
+            return Ok(self.logits.chosen_token(self.row, cfg, position));
         }
         let (model, row) = (self.model, self.row);
         let logits = &*self.logits;
