@@ -69,6 +69,7 @@ impl EngineLoop {
         let first_head_seconds = logits.head_seconds();
         let walks = Instant::now();
         let mut tokens = 0;
+        let prompt_rows: usize = parts.iter().map(|p| p.prompt_tokens).sum();
         for p in parts {
             let generated = self.running[p.running].generated;
             // NaN or infinity (corrupt weights, say) would choose tokens at
@@ -88,10 +89,17 @@ impl EngineLoop {
         }
         let walk_ms = walks.elapsed().as_secs_f64() * 1e3;
         let seconds = t.elapsed().as_secs_f64();
-        self.cost.record(batch.len(), seconds);
+        // The tree budgets price verification rows: a pass that also feeds
+        // a prompt would pull the line towards prompt rows, which are
+        // cheaper (no output head) and come in hundreds, so one such pass
+        // outweighs dozens of decoding ones in the fit.
+        if prompt_rows == 0 {
+            self.cost.record(batch.len(), seconds);
+        }
         let head = logits.head_calls();
         tracing::debug!(
             rows = batch.len(),
+            prompt_rows,
             sequences = self.running.len(),
             tokens,
             head_rows_first = first_head.1,

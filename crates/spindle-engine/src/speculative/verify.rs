@@ -132,8 +132,11 @@ pub struct LazyLogits {
     /// Rows whose token was chosen without storing their logits: the row,
     /// the settings and position it was chosen under, and the token.
     chosen: Vec<(usize, SamplerConfig, usize, u32)>,
-    /// Seconds the full head's calls took (for the pass log).
+    /// Seconds the full head's calls took, their number and the rows they
+    /// covered, kept or chosen (for the pass log).
     head_seconds: f64,
+    head_calls: usize,
+    head_rows: usize,
     /// Screen bounds, per call: the rows and their bounds.
     screened: Vec<(Vec<usize>, ScreenBounds)>,
     /// The model has no screen: every row takes the full head.
@@ -149,6 +152,8 @@ impl LazyLogits {
             computed: Vec::new(),
             chosen: Vec::new(),
             head_seconds: 0.0,
+            head_calls: 0,
+            head_rows: 0,
             screened: Vec::new(),
             unscreened: false,
         }
@@ -247,6 +252,8 @@ impl LazyLogits {
         let t = std::time::Instant::now();
         let logits = model.logits_visiting(&self.hidden, &rows, &keep, &visit)?;
         self.head_seconds += t.elapsed().as_secs_f64();
+        self.head_calls += 1;
+        self.head_rows += rows.len();
         if kept > 0 {
             self.computed.push(logits);
         }
@@ -281,11 +288,11 @@ impl LazyLogits {
         self.head_seconds
     }
 
-    /// Calls of the full head so far and the rows they covered (for the
-    /// pass log).
+    /// Calls of the full head so far and the rows they covered, whether
+    /// the rows kept their logits or had their tokens chosen (for the pass
+    /// log).
     pub fn head_calls(&self) -> (usize, usize) {
-        let rows = self.computed.iter().map(|l| l.rows.len()).sum();
-        (self.computed.len(), rows)
+        (self.head_calls, self.head_rows)
     }
 
     /// Logits of batch row `row` if they are computed.
