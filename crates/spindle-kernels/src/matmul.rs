@@ -165,7 +165,7 @@ pub fn matmul_shared(
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
     for (w, out) in parts.iter() {
-        check_call(isa, w, x, n, out.len(), n)?;
+        check_call(isa, w, x, n, (out.len(), n, "matmul output (n * rows)"))?;
     }
     let alike = |a: &(WeightView<'_>, &mut [f32]), b: &(WeightView<'_>, &mut [f32])| {
         (a.0.ty, a.0.cols, a.0.layout) == (b.0.ty, b.0.cols, b.0.layout)
@@ -176,15 +176,14 @@ pub fn matmul_shared(
     Ok(())
 }
 
-/// Checks one call's shapes and ISA: `out_len` values hold `out_rows`
-/// rows of outputs.
+/// Checks one call's shapes and ISA: `out` is the output's length, the
+/// rows of outputs it must hold, and what to call it in an error.
 fn check_call(
     isa: Isa,
     w: &WeightView<'_>,
     x: &[f32],
     n: usize,
-    out_len: usize,
-    out_rows: usize,
+    (out_len, out_rows, what): (usize, usize, &str),
 ) -> Result<(), KernelError> {
     w.validate()?;
     let in_len = n
@@ -201,11 +200,7 @@ fn check_call(
         .checked_mul(w.rows)
         .ok_or_else(|| KernelError::unsupported("output size overflows"))?;
     if out_len != want {
-        return Err(KernelError::size(
-            "matmul output (rows of outputs * rows)",
-            want,
-            out_len,
-        ));
+        return Err(KernelError::size(what, want, out_len));
     }
     if !isa.is_available() {
         return Err(KernelError::unsupported(format!("ISA {isa} on this CPU")));
@@ -246,7 +241,13 @@ pub fn matmul_visit(
         ));
     }
     let kept = keep.iter().filter(|&&k| k).count();
-    check_call(isa, w, x, n, out.len(), kept)?;
+    check_call(
+        isa,
+        w,
+        x,
+        n,
+        (out.len(), kept, "kept rows' outputs (kept * rows)"),
+    )?;
     if kept == n {
         return matmul_with(isa, rounding, w, x, n, out, pool);
     }
@@ -259,16 +260,18 @@ pub fn matmul_visit(
         }));
     }
     if !visits_in_place(isa, rounding, w, n) {
-        let mut all = vec![0f32; n * w.rows];
-        matmul_with(isa, rounding, w, x, n, &mut all, pool)?;
-        for (i, at) in kept_at.iter().enumerate() {
-            let row = &mut all[i * w.rows..(i + 1) * w.rows];
-            match at {
-                Some(k) => out[k * w.rows..(k + 1) * w.rows].copy_from_slice(row),
-                None => visit(i, 0, row),
+        return with_scratch(&PIECES, Vec::new, |all| {
+            all.resize(n * w.rows, 0.0);
+            matmul_with(isa, rounding, w, x, n, all, pool)?;
+            for (i, at) in kept_at.iter().enumerate() {
+                let row = &mut all[i * w.rows..(i + 1) * w.rows];
+                match at {
+                    Some(k) => out[k * w.rows..(k + 1) * w.rows].copy_from_slice(row),
+                    None => visit(i, 0, row),
+                }
             }
-        }
-        return Ok(());
+            Ok(())
+        });
     }
     let sink = Sink {
         kept_at,
@@ -591,7 +594,8 @@ thread_local! {
     static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::new());
     /// The same, packed for the multi-row kernels.
     static PACKED: RefCell<Vec<ActGroup>> = const { RefCell::new(Vec::new()) };
-    /// A [`matmul_visit`] work item's outputs.
+    /// A [`matmul_visit`] work item's outputs (or, on its fallback, every
+    /// output).
     static PIECES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 

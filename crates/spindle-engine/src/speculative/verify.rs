@@ -11,7 +11,6 @@
 //! with the same history.
 
 use std::ops::Range;
-
 use std::sync::Mutex;
 
 use spindle_kernels::head_screen::ScreenBounds;
