@@ -31,6 +31,19 @@ fn hidden_of_a_generation(model: &Model, prompt: &[u32], n: usize) -> (Hidden, V
     (model.forward_hidden(&b, &mut kv).unwrap(), all)
 }
 
+/// The real model, and the hidden states and tokens of a 120-token greedy
+/// generation after a short prompt (`None` without the model).
+fn a_generation() -> Option<(Model, Hidden, Vec<u32>)> {
+    let path = real_model()?;
+    let lm = spindle_model::load(&path, 2).unwrap();
+    let tok = lm.tokenizer.as_ref().unwrap();
+    let prompt = tok
+        .encode("The history of the bicycle begins", true, false)
+        .unwrap();
+    let (hidden, tokens) = hidden_of_a_generation(&lm.model, &prompt, 120);
+    Some((lm.model, hidden, tokens))
+}
+
 /// Rows (every `step`-th) where the screened choice differs from the full
 /// head's, over greedy and three sampled settings.
 fn mismatches(model: &Model, hidden: &Hidden, tokens: &[u32], step: usize) -> usize {
@@ -77,14 +90,9 @@ fn mismatches(model: &Model, hidden: &Hidden, tokens: &[u32], step: usize) -> us
 
 #[test]
 fn the_screened_head_chooses_what_the_full_head_chooses() {
-    let Some(path) = real_model() else { return };
-    let lm = spindle_model::load(&path, 2).unwrap();
-    let tok = lm.tokenizer.as_ref().unwrap();
-    let mut model = lm.model;
-    let prompt = tok
-        .encode("The history of the bicycle begins", true, false)
-        .unwrap();
-    let (hidden, tokens) = hidden_of_a_generation(&model, &prompt, 120);
+    let Some((mut model, hidden, tokens)) = a_generation() else {
+        return;
+    };
     // Every row on this machine's own path; every seventh on the others
     // (the scalar path takes a tenth of a second a row).
     let best = spindle_kernels::simd::detected_isa();
@@ -139,14 +147,9 @@ fn piece_mismatches(
 
 #[test]
 fn tokens_chosen_as_the_head_computes_them_are_the_full_heads() {
-    let Some(path) = real_model() else { return };
-    let lm = spindle_model::load(&path, 2).unwrap();
-    let tok = lm.tokenizer.as_ref().unwrap();
-    let mut model = lm.model;
-    let prompt = tok
-        .encode("The history of the bicycle begins", true, false)
-        .unwrap();
-    let (hidden, tokens) = hidden_of_a_generation(&model, &prompt, 120);
+    let Some((mut model, hidden, tokens)) = a_generation() else {
+        return;
+    };
     let mut batch = Batch::new();
     let mut kv = model.new_kv_cache(KvType::F16, tokens.len(), 1);
     let seq = kv.add_sequence().unwrap();

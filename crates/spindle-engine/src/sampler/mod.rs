@@ -278,18 +278,10 @@ pub fn choose_bounded<E>(
     Ok(Some(best.1))
 }
 
-/// The most likely token; the lowest id wins a tie.
-pub fn argmax(logits: &[f32]) -> u32 {
-    // The token a left-to-right scan keeping the first strictly larger
-    // value finds (a NaN never wins, a NaN first is never replaced), from
-    // a 16-lane maximum and a search for its first occurrence: the scan
-    // itself runs one comparison at a time over the whole vocabulary.
-    let Some(&first) = logits.first() else {
-        return 0;
-    };
-    if first.is_nan() {
-        return 0;
-    }
+/// The largest value of `logits` that is not NaN (minus infinity when
+/// there is none), from 16 running lane maxima.
+#[inline]
+fn largest(logits: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut chunks = logits.chunks_exact(16);
     for chunk in &mut chunks {
@@ -303,13 +295,33 @@ pub fn argmax(logits: &[f32]) -> u32 {
             max = v;
         }
     }
+    max
+}
+
+/// The most likely token; the lowest id wins a tie.
+pub fn argmax(logits: &[f32]) -> u32 {
+    // The token a left-to-right scan keeping the first strictly larger
+    // value finds (a NaN never wins, a NaN first is never replaced), from
+    // a 16-lane maximum and a search for its first occurrence: the scan
+    // itself runs one comparison at a time over the whole vocabulary.
+    let Some(&first) = logits.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    first_of(logits, largest(logits)).unwrap_or(0) as u32
+}
+
+/// The first index of `value` in `logits`, 16 values a step.
+#[inline]
+fn first_of(logits: &[f32], value: f32) -> Option<usize> {
     for (c, chunk) in logits.chunks(16).enumerate() {
-        if chunk.iter().fold(false, |any, &v| any | (v == max)) {
-            let j = chunk.iter().position(|&v| v == max).unwrap_or(0);
-            return (16 * c + j) as u32;
+        if chunk.iter().fold(false, |any, &v| any | (v == value)) {
+            return chunk.iter().position(|&v| v == value).map(|j| 16 * c + j);
         }
     }
-    0
+    None
 }
 
 fn apply_penalties(cfg: &SamplerConfig, logits: &mut [f32], history: &[u32]) {

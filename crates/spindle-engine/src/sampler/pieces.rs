@@ -12,7 +12,7 @@
 //! row's.
 
 use super::gumbel::{gumbel_argmax_from, key, score_bound, unskipped};
-use super::SamplerConfig;
+use super::{first_of, largest, SamplerConfig};
 
 /// How one row's pieces are judged: its temperature and its key (seed and
 /// position) when it samples.
@@ -108,24 +108,11 @@ fn larger<T: PartialOrd + Copy>(a: Option<(T, u32)>, b: Option<(T, u32)>) -> Opt
     }
 }
 
-/// The largest value of `logits` that is not NaN and its first index: a
-/// 16-lane maximum, then a search for its first occurrence.
+/// The largest value of `logits` that is not NaN and its first index.
 fn top_of(logits: &[f32]) -> Option<(f32, usize)> {
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let mut chunks = logits.chunks_exact(16);
-    for chunk in &mut chunks {
-        for (l, &v) in lanes.iter_mut().zip(chunk) {
-            *l = if v > *l { v } else { *l };
-        }
-    }
-    let mut max = f32::NEG_INFINITY;
-    for &v in lanes.iter().chain(chunks.remainder()) {
-        if v > max {
-            max = v;
-        }
-    }
+    let max = largest(logits);
     // Minus infinity is the maximum also when every value is NaN.
-    logits.iter().position(|&v| v == max).map(|i| (max, i))
+    first_of(logits, max).map(|i| (max, i))
 }
 
 #[cfg(test)]
