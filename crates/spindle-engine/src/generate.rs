@@ -268,6 +268,7 @@ pub fn generate_on(
                     logits: l,
                     row: 0,
                     more: vec![0],
+                    choose_in_head: constraint.is_none(),
                 },
                 &mut history,
                 &mut generated,

@@ -121,30 +121,34 @@ pub(super) fn gumbel_argmax_dense(logits: &[f32], inv_t: f64, seed: u64, positio
     let bound = score_bound(keyed, (top_id, logits[top_id as usize]), inv_t);
     // The tokens the pruned loop would skip are dropped beforehand, 8 at a
     // time.
-    let left = unskipped(logits, 0, keyed, inv_t, bound);
+    let mut left = Vec::new();
+    unskipped(logits, 0, keyed, inv_t, bound, &mut left);
     gumbel_argmax_from(left.into_iter(), top_id, keyed, bound, inv_t)
 }
 
 /// The tokens of `logits` (token `first + i` at `i`, with their logits)
-/// that [`variate_reaching`] does not skip against `floor`: the same
-/// tests, on 8 tokens at a time (their hashes and draws in vector
-/// registers where the CPU has 64-bit vector multiplies).
+/// that [`variate_reaching`] does not skip against `floor`, into `out`
+/// (cleared first): the same tests, on 8 tokens at a time (their hashes
+/// and draws in vector registers where the CPU has 64-bit vector
+/// multiplies).
 pub(super) fn unskipped(
     logits: &[f32],
     first: u32,
     keyed: u64,
     inv_t: f64,
     floor: f64,
-) -> Vec<(u32, f32)> {
+    out: &mut Vec<(u32, f32)>,
+) {
+    out.clear();
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512dq")
         && std::arch::is_x86_feature_detected!("avx512vl")
     {
         // SAFETY: the features are checked just above.
-        return unsafe { unskipped_avx512(logits, first, keyed, inv_t, floor) };
+        return unsafe { unskipped_avx512(logits, first, keyed, inv_t, floor, out) };
     }
-    unskipped_portable(logits, first, keyed, inv_t, floor)
+    unskipped_portable(logits, first, keyed, inv_t, floor, out)
 }
 
 /// [`unskipped`] compiled for AVX-512 (the same operations).
@@ -159,8 +163,9 @@ unsafe fn unskipped_avx512(
     keyed: u64,
     inv_t: f64,
     floor: f64,
-) -> Vec<(u32, f32)> {
-    unskipped_portable(logits, first, keyed, inv_t, floor)
+    out: &mut Vec<(u32, f32)>,
+) {
+    unskipped_portable(logits, first, keyed, inv_t, floor, out)
 }
 
 #[inline(always)]
@@ -170,8 +175,8 @@ pub(super) fn unskipped_portable(
     keyed: u64,
     inv_t: f64,
     floor: f64,
-) -> Vec<(u32, f32)> {
-    let mut out = Vec::new();
+    out: &mut Vec<(u32, f32)>,
+) {
     let mut chunks = logits.chunks_exact(8);
     let mut base = first;
     for chunk in &mut chunks {
@@ -200,7 +205,6 @@ pub(super) fn unskipped_portable(
             out.push((id, logit));
         }
     }
-    out
 }
 
 /// Variates at which [`variate_bound`] has a step. A draw above

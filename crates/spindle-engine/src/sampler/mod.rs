@@ -479,12 +479,20 @@ mod tests {
             let bits =
                 |v: &[(u32, f32)]| v.iter().map(|&(i, x)| (i, x.to_bits())).collect::<Vec<_>>();
             assert_eq!(
-                bits(&unskipped(&l, 0, keyed, inv_t, floor)),
+                bits(&{
+                    let mut v = Vec::new();
+                    unskipped(&l, 0, keyed, inv_t, floor, &mut v);
+                    v
+                }),
                 bits(&want),
                 "trial {trial}"
             );
             assert_eq!(
-                bits(&unskipped_portable(&l, 0, keyed, inv_t, floor)),
+                bits(&{
+                    let mut v = Vec::new();
+                    unskipped_portable(&l, 0, keyed, inv_t, floor, &mut v);
+                    v
+                }),
                 bits(&want),
                 "trial {trial}"
             );

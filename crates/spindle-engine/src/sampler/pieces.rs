@@ -14,6 +14,11 @@
 use super::gumbel::{gumbel_argmax_from, key, score_bound, unskipped};
 use super::{first_of, largest, SamplerConfig};
 
+thread_local! {
+    /// The tokens of a piece that may reach its best score.
+    static LEFT: std::cell::RefCell<Vec<(u32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// How one row's pieces are judged: its temperature and its key (seed and
 /// position) when it samples.
 #[derive(Debug, Clone, Copy)]
@@ -60,8 +65,14 @@ impl PieceChooser {
         // The piece's most likely token's score bounds its best from below:
         // only the tokens that can reach it pay their variates.
         let bound = score_bound(keyed, (id, v), inv_t);
-        let left = unskipped(logits, first as u32, keyed, inv_t, bound);
-        let id = gumbel_argmax_from(left.into_iter(), id, keyed, bound, inv_t);
+        // The survivors' list is the thread's own, reused: pieces are
+        // judged on the pool's threads, a fresh list each time would be
+        // allocations in every worker's arena, pass after pass.
+        let id = LEFT.with(|left| {
+            let mut left = left.borrow_mut();
+            unskipped(logits, first as u32, keyed, inv_t, bound, &mut left);
+            gumbel_argmax_from(left.iter().copied(), id, keyed, bound, inv_t)
+        });
         let logit = logits[id as usize - first];
         let score = score_bound(keyed, (id, logit), inv_t);
         if score > f64::NEG_INFINITY {

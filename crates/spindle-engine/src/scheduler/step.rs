@@ -19,6 +19,7 @@ use super::score_tree::{push_score_tree, read_scores, PlacedTree};
 use super::sequence::{Phase, Sequence};
 use crate::error::{EngineError, RequestError};
 use crate::generate::{prepare_during, FinishReason};
+use crate::sampler::SamplerConfig;
 use crate::score::{log_softmax, top_k};
 use crate::speculative::draft_step::draft_depth;
 use crate::speculative::verify::{likeliest_path, push_tree, walk, LazyLogits};
@@ -233,10 +234,15 @@ impl EngineLoop {
         let (mut first, mut screened) = (Vec::new(), Vec::new());
         for p in parts {
             if let Some(row) = p.logits_row {
-                let rules = self.running[p.running].req.params.rules(max_len);
+                let r = &self.running[p.running];
+                let rules = r.req.params.rules(max_len);
                 let rows = likeliest_path(&p.tree, row, row);
                 if rules.chooses_from_bounds() {
-                    screened.extend(rows.into_iter().map(|r| (r, rules.sampler)));
+                    let constrained = r.constraint.is_some();
+                    screened.extend(
+                        rows.into_iter()
+                            .map(|row| (row, rules.sampler, constrained)),
+                    );
                 } else {
                     first.extend(rows);
                 }
@@ -246,6 +252,12 @@ impl EngineLoop {
         if logits.screen(&self.model, &screened_rows)? {
             screened.clear();
         }
+        // A constrained row whose chosen token its grammar forbids reads
+        // every logit (the walk's `LazyRow::choose_in_head`): those rows
+        // keep them in this call rather than take a second one.
+        let (constrained, free): (Vec<_>, Vec<_>) = screened.into_iter().partition(|s| s.2);
+        first.extend(constrained.iter().map(|s| s.0));
+        let screened: Vec<(usize, &SamplerConfig)> = free.iter().map(|s| (s.0, s.1)).collect();
         for p in parts {
             if let Some(s) = &p.score {
                 first.extend(&s.logits_rows);

@@ -80,6 +80,7 @@ pub fn walk(
             logits,
             row,
             more: likeliest_path(tree, root, row),
+            choose_in_head: constraint.is_none(),
         };
         let c = constraint.as_deref_mut();
         let token = match next_token(rules, &mut l, history, generated, c, on_token)? {
@@ -333,6 +334,11 @@ pub struct LazyRow<'a> {
     pub logits: &'a mut LazyLogits,
     pub row: usize,
     pub more: Vec<usize>,
+    /// Whether rows not yet computed have their tokens chosen in the head
+    /// ([`LazyLogits::compute_choosing`]). Not under a constraint: a token
+    /// its grammar forbids sends the walk to every logit of the row, a
+    /// second head call where keeping them costs nothing more.
+    pub choose_in_head: bool,
 }
 
 impl RowLogits for LazyRow<'_> {
@@ -353,6 +359,9 @@ impl RowLogits for LazyRow<'_> {
             rows.insert(0, self.row);
         }
         if !self.logits.screen(self.model, &rows)? {
+            if !self.choose_in_head {
+                return Ok(None);
+            }
             // The rows below, chosen under the same settings, in the same
             // call (were the row's position in the pass not the one asked
             // for, its token is not found here and `full` computes it).
