@@ -13,6 +13,7 @@ pub mod int8_peak;
 pub mod matmul;
 pub mod membw;
 pub mod norm;
+mod out_ptr;
 pub mod quant;
 pub mod rope;
 pub mod simd;

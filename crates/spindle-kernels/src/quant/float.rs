@@ -9,7 +9,7 @@
 use super::arr;
 use super::kernels::Kernel;
 use super::registry::QuantType;
-use crate::matmul::OutPtr;
+use crate::out_ptr::OutPtr;
 use crate::simd::{tree32, Isa};
 use spindle_formats::GgmlType;
 

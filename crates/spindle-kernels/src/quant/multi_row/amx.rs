@@ -24,7 +24,7 @@
 
 use super::{ActGroup, Fold, QuantJob, WGroup};
 use crate::amx::{self, TileConfig};
-use crate::matmul::OutPtr;
+use crate::out_ptr::OutPtr;
 #[cfg(test)]
 use crate::quant::vertical::simd::unpack_group_adding;
 use crate::quant::vertical::simd::VerticalType;

@@ -45,7 +45,7 @@
 
 use super::q8_act::{ActRow, QuantizedActs};
 use super::{fold_scaled, fold_scaled_min};
-use crate::matmul::OutPtr;
+use crate::out_ptr::OutPtr;
 use crate::simd::tree8;
 use std::cell::RefCell;
 
