@@ -128,7 +128,7 @@ impl HeadScreen {
                 let mut file_row = vec![0u8; if panels { row_bytes } else { 0 }];
                 for i in r0..r1 {
                     let src = if panels {
-                        panel_row(cols, w.data, i, &mut file_row)
+                        panel_row(w.ty, cols, w.data, i, &mut file_row)
                             .expect("a validated matrix in panels has every row");
                         &file_row[..]
                     } else {

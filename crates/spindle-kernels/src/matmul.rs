@@ -639,11 +639,11 @@ fn panels_kernel(
     isa: Isa,
     rounding: ActRounding,
 ) -> Option<(QuantMulti, QuantMulti)> {
-    // (A view in panels is Q8_0: `WeightView::validate`.)
+    // (A view in panels is Q8_0 or Q5_0: `WeightView::validate`.)
     if rounding.format_for(ty) != Some(ActFormat::Block32) {
         return None;
     }
-    crate::quant::kernels::panels(isa)
+    crate::quant::kernels::panels(ty, isa)
 }
 
 /// The row kernels for a weight type on an ISA, from its registry entry.

@@ -226,6 +226,11 @@ impl TensorSource<'_> {
                     {
                         WeightLayout::Panels
                     }
+                    (true, &[rows, cols])
+                        if !head && crate::loader::layer_in_panels(ty, rows, cols) =>
+                    {
+                        WeightLayout::Panels
+                    }
                     (true, _) => WeightLayout::Vertical,
                 };
                 Ok(Some(Raw {
@@ -694,6 +699,16 @@ impl Weights {
     /// How many of the layers' matrices the loader rewrote into the
     /// vertical layout, and how many there are (benchmarks print it).
     pub fn vertical_layer_matrices(&self) -> (usize, usize) {
+        self.layer_matrices_in(WeightLayout::Vertical)
+    }
+
+    /// How many of the layers' matrices the loader rewrote into panels of
+    /// 16 rows, and how many there are.
+    pub fn panel_layer_matrices(&self) -> (usize, usize) {
+        self.layer_matrices_in(WeightLayout::Panels)
+    }
+
+    fn layer_matrices_in(&self, layout: WeightLayout) -> (usize, usize) {
         let all: Vec<&Matrix> = self
             .layers
             .iter()
@@ -703,11 +718,8 @@ impl Weights {
                     .chain(l.ffn.matrices())
             })
             .collect();
-        let vertical = all
-            .iter()
-            .filter(|m| m.layout == WeightLayout::Vertical)
-            .count();
-        (vertical, all.len())
+        let count = all.iter().filter(|m| m.layout == layout).count();
+        (count, all.len())
     }
 
     fn layer_matrices_per_token(&self, n_used: usize) -> impl Iterator<Item = &Matrix> {

@@ -255,6 +255,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let best_peak = peaks.iter().map(|p| p.all_threads).fold(0.0, f64::max);
 
     let vertical = model.weights.vertical_layer_matrices();
+    let panels = model.weights.panel_layer_matrices().0;
     if args.json {
         let stat = |s: &Summary| json!({"mean": s.mean, "sd": s.sd, "median": s.median});
         let v = json!({
@@ -264,6 +265,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "isa": model.isa().name(),
             "vertical_layer_matrices": vertical.0,
             "layer_matrices": vertical.1,
+            "panel_layer_matrices": panels,
             "model": loaded.name,
             "pp": pp.as_ref().map(|s| json!({"tokens": args.prompt, "tokens_per_s": stat(s)})),
             "tg": tg.as_ref().map(|s| json!({"tokens": args.gen, "tokens_per_s": stat(s)})),
@@ -321,7 +323,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         loaded.name
     );
     println!(
-        "layer matrices in the vertical layout: {} of {} (SPINDLE_VERTICAL=0 keeps the file's order; docs/PERF.md §39)",
+        "layer matrices in the vertical layout: {} of {}, in panels of 16 rows: {panels} (SPINDLE_VERTICAL=0 keeps the file's order, SPINDLE_LAYER_PANELS=1 puts Q5_0 ones in panels; docs/PERF.md §39, §56)",
         vertical.0, vertical.1
     );
     println!(

@@ -154,17 +154,27 @@ pub(crate) fn vertical<T: super::vertical::simd::VerticalType>(
     Some((one, many))
 }
 
-/// The kernel of a Q8_0 matrix in panels of 16 rows
+/// The kernel of a Q8_0 or Q5_0 matrix in panels of 16 rows
 /// ([`super::panels`]), for one row and for many: it reads the activations
 /// as they are quantized, in tiles of 2 panels x 6 rows.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn panels(isa: crate::simd::Isa) -> Option<(QuantMulti, QuantMulti)> {
+pub(crate) fn panels(
+    ty: spindle_formats::GgmlType,
+    isa: crate::simd::Isa,
+) -> Option<(QuantMulti, QuantMulti)> {
+    use super::panels::{range_vnni_panels, PanelQ5_0, PanelQ8_0};
+    use spindle_formats::GgmlType;
     if !isa.uses_avx512() {
         return None;
     }
+    let range = match ty {
+        GgmlType::Q8_0 => range_vnni_panels::<PanelQ8_0>,
+        GgmlType::Q5_0 => range_vnni_panels::<PanelQ5_0>,
+        _ => return None,
+    };
     let k = QuantMulti {
         pack: None,
-        range: super::panels::range_vnni_panels,
+        range,
         grain: |cols| Grain {
             act_row_bytes: cols,
             act_rows: 6,
@@ -176,6 +186,9 @@ pub(crate) fn panels(isa: crate::simd::Isa) -> Option<(QuantMulti, QuantMulti)> 
 
 /// No panel kernel off x86-64: such matrices are converted back first.
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn panels(_isa: crate::simd::Isa) -> Option<(QuantMulti, QuantMulti)> {
+pub(crate) fn panels(
+    _ty: spindle_formats::GgmlType,
+    _isa: crate::simd::Isa,
+) -> Option<(QuantMulti, QuantMulti)> {
     None
 }

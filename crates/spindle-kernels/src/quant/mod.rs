@@ -54,7 +54,7 @@ pub enum WeightLayout {
     Gguf,
     /// Rewritten by [`vertical::to_vertical`].
     Vertical,
-    /// Q8_0 in panels of 16 rows ([`panels::to_panels`]).
+    /// Q8_0 or Q5_0 in panels of 16 rows ([`panels::to_panels`]).
     Panels,
 }
 

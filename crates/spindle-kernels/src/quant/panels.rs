@@ -1,17 +1,28 @@
-//! Q8_0 matrices in panels of 16 rows: the layout of a multi-row tile with
-//! the outputs in the lanes. One `vpdpbusd` multiplies step `k` of 16 rows
-//! (4 values each) by 4 bytes of an activation row broadcast to every lane,
-//! so a tile needs no lane reduction and no shuffles, and the fold of each
-//! block is 3 operations per 8 `vpdpbusd` (PERF §48-49). The loader puts a
-//! Q8_0 output head in this layout on AVX-512 VNNI machines.
+//! Q8_0 and Q5_0 matrices in panels of 16 rows: the layout of a multi-row
+//! tile with the outputs in the lanes. One `vpdpbusd` multiplies step `k` of
+//! 16 rows (4 values each) by 4 bytes of an activation row broadcast to
+//! every lane, so a tile needs no lane reduction and no shuffles, and the
+//! fold of each block is 3 operations per 8 `vpdpbusd` (PERF §48-49). The
+//! loader puts a Q8_0 output head in this layout on AVX-512 VNNI machines,
+//! and Q5_0 layer matrices when asked (`SPINDLE_LAYER_PANELS=1`, PERF §56).
 //!
-//! Panel `p` holds rows `16p..16p + 16`. Its block `b`, at `(p * nb + b) *
-//! 544` bytes, is the 16 rows' f16 scales (row `i`'s at byte `2i`), then 8
-//! steps of 64 bytes: byte `32 + 64k + 4i + v` is value `4k + v` of row
-//! `i`'s block `b`, stored as `s + 128`. Sizes equal the file's (16 x 34
-//! bytes a block); [`from_panels`] gives the file's bytes back, and
-//! [`panel_row`] one row of them (the readers of single rows: the tied
-//! embedding lookup, the head's screen, `logits_of`).
+//! Panel `p` holds rows `16p..16p + 16`; its block `b` is at `(p * nb + b) *
+//! 16 * B` bytes (`B` the file's bytes of one block: sizes equal the
+//! file's). A block starts with the 16 rows' f16 scales (row `i`'s at byte
+//! `2i`); then each step `k` (0..8) gives, at byte `4i + v` of a 64-byte
+//! vector, value `4k + v` of row `i`'s block in its unsigned form `u`:
+//!
+//! - Q8_0 (`B` = 34): 8 vectors of bytes `u = s + 128`, step `k`'s at byte
+//!   `32 + 64k`;
+//! - Q5_0 (`B` = 22): `u` is the stored 5-bit value (`s + 16`); 4 vectors
+//!   of nibbles at byte `32 + 64v`, bits 0..4 of step `v` in the low
+//!   nibbles and of step `v + 4` in the high ones, then 8 little-endian u64
+//!   masks at byte `288 + 8k`, bit `4i + v` of mask `k` being bit 4 of that
+//!   value (one `vpaddb` under the mask puts it back).
+//!
+//! [`from_panels`] gives the file's bytes back, and [`panel_row`] one row of
+//! them (the readers of single rows: the tied embedding lookup, the head's
+//! screen, `logits_of`).
 //!
 //! # Bit-identical to the other paths
 //!
@@ -21,6 +32,8 @@
 //! kernel visits the blocks of one lane class at a time (`j, j + 8, j + 16,
 //! ...`, in order) into its own register, then adds the 8 classes'
 //! registers in `tree8`'s order: the same operations on the same values.
+//! The integer dot is `sum u x - offset * sum x` (offset 128 or 16), exact
+//! in any order.
 
 use super::multi_row::QuantJob;
 use crate::error::KernelError;
@@ -28,12 +41,19 @@ use spindle_formats::GgmlType;
 
 /// Rows in a panel: the lanes of one 512-bit register of f32 or i32.
 pub const PANEL_ROWS: usize = 16;
-/// Bytes of one block of a panel (16 rows' 34 bytes).
-const BLOCK: usize = PANEL_ROWS * 34;
+
+/// The file's bytes of one block of `ty`, for the types panels hold.
+fn block_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q8_0 => Some(34),
+        GgmlType::Q5_0 => Some(22),
+        _ => None,
+    }
+}
 
 /// Whether a matrix of this type and shape can be held in panels.
 pub fn panels_supported(ty: GgmlType, rows: usize, cols: usize) -> bool {
-    ty == GgmlType::Q8_0
+    block_bytes(ty).is_some()
         && rows > 0
         && rows.is_multiple_of(PANEL_ROWS)
         && cols > 0
@@ -46,72 +66,145 @@ pub(crate) fn check_shape(ty: GgmlType, rows: usize, cols: usize) -> Result<(), 
         return Ok(());
     }
     Err(KernelError::unsupported(format!(
-        "panels of 16 rows for {ty} {rows} x {cols} (Q8_0, rows a multiple of 16)"
+        "panels of 16 rows for {ty} {rows} x {cols} (Q8_0 or Q5_0, rows a multiple of 16)"
     )))
 }
 
-/// Blocks per row, after checking that `len` bytes are such a matrix.
-fn blocks(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<usize, KernelError> {
+/// Blocks per row and bytes of a file block, after checking that `len`
+/// bytes are such a matrix.
+fn blocks(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    len: usize,
+) -> Result<(usize, usize), KernelError> {
     check_shape(ty, rows, cols)?;
-    let nb = cols / 32;
-    if len != rows * nb * 34 {
+    let (nb, bb) = (cols / 32, block_bytes(ty).unwrap_or(0));
+    if len != rows * nb * bb {
         return Err(KernelError::size(
-            format!("Q8_0 weight bytes ({rows} x {cols})"),
-            rows * nb * 34,
+            format!("{ty} weight bytes ({rows} x {cols})"),
+            rows * nb * bb,
             len,
         ));
     }
-    Ok(nb)
+    Ok((nb, bb))
 }
 
-/// Rewrites a Q8_0 matrix (the file's bytes) into panels, in place.
+/// The 32 unsigned values `u` of a Q5_0 file block.
+fn q5_0_values(block: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+    std::array::from_fn(|j| {
+        let nibble = if j < 16 {
+            block[6 + j] & 0x0F
+        } else {
+            block[6 + j - 16] >> 4
+        };
+        nibble | ((((qh >> j) & 1) as u8) << 4)
+    })
+}
+
+/// Writes row `i`'s file block `src` into panel block `dst`.
+fn put_row(ty: GgmlType, src: &[u8], i: usize, dst: &mut [u8]) {
+    dst[2 * i..2 * i + 2].copy_from_slice(&src[..2]);
+    if ty == GgmlType::Q8_0 {
+        for k in 0..8 {
+            let v = u32::from_le_bytes(src[2 + 4 * k..6 + 4 * k].try_into().unwrap());
+            // `s + 128` is the byte with its top bit flipped.
+            let at = 32 + 64 * k + 4 * i;
+            dst[at..at + 4].copy_from_slice(&(v ^ 0x8080_8080).to_le_bytes());
+        }
+        return;
+    }
+    let u = q5_0_values(src);
+    for k in 0..8 {
+        for v in 0..4 {
+            let value = u[4 * k + v];
+            let at = 32 + 64 * (k % 4) + 4 * i + v;
+            let shift = 4 * (k / 4);
+            dst[at] = (dst[at] & !(0x0F << shift)) | ((value & 0x0F) << shift);
+            let bit = 4 * i + v;
+            let mask = 288 + 8 * k + bit / 8;
+            dst[mask] = (dst[mask] & !(1 << (bit % 8))) | ((value >> 4) << (bit % 8));
+        }
+    }
+}
+
+/// Row `i`'s file block, from panel block `src` into `dst`.
+fn get_row(ty: GgmlType, src: &[u8], i: usize, dst: &mut [u8]) {
+    dst[..2].copy_from_slice(&src[2 * i..2 * i + 2]);
+    if ty == GgmlType::Q8_0 {
+        for k in 0..8 {
+            let at = 32 + 64 * k + 4 * i;
+            let v = u32::from_le_bytes(src[at..at + 4].try_into().unwrap());
+            dst[2 + 4 * k..6 + 4 * k].copy_from_slice(&(v ^ 0x8080_8080).to_le_bytes());
+        }
+        return;
+    }
+    let mut qh = 0u32;
+    let mut qs = [0u8; 16];
+    for k in 0..8 {
+        for v in 0..4 {
+            let j = 4 * k + v;
+            let nibble = (src[32 + 64 * (k % 4) + 4 * i + v] >> (4 * (k / 4))) & 0x0F;
+            let bit = 4 * i + v;
+            let high = (src[288 + 8 * k + bit / 8] >> (bit % 8)) & 1;
+            qh |= (high as u32) << j;
+            qs[j % 16] |= nibble << (4 * (j / 16));
+        }
+    }
+    dst[2..6].copy_from_slice(&qh.to_le_bytes());
+    dst[6..22].copy_from_slice(&qs);
+}
+
+/// Rewrites a Q8_0 or Q5_0 matrix (the file's bytes) into panels, in place.
 pub fn to_panels(
     ty: GgmlType,
     rows: usize,
     cols: usize,
     data: &mut [u8],
 ) -> Result<(), KernelError> {
-    let nb = blocks(ty, rows, cols, data.len())?;
-    let mut file = vec![0u8; BLOCK * nb];
-    for panel in data.chunks_exact_mut(BLOCK * nb) {
+    let (nb, bb) = blocks(ty, rows, cols, data.len())?;
+    let block = PANEL_ROWS * bb;
+    let mut file = vec![0u8; block * nb];
+    for panel in data.chunks_exact_mut(block * nb) {
         file.copy_from_slice(panel);
         for b in 0..nb {
-            let dst = &mut panel[b * BLOCK..(b + 1) * BLOCK];
+            let dst = &mut panel[b * block..(b + 1) * block];
             for i in 0..PANEL_ROWS {
-                let src = &file[(i * nb + b) * 34..(i * nb + b + 1) * 34];
-                dst[2 * i..2 * i + 2].copy_from_slice(&src[..2]);
-                for k in 0..8 {
-                    let v = u32::from_le_bytes(src[2 + 4 * k..6 + 4 * k].try_into().unwrap());
-                    // `s + 128` is the byte with its top bit flipped.
-                    let at = 32 + 64 * k + 4 * i;
-                    dst[at..at + 4].copy_from_slice(&(v ^ 0x8080_8080).to_le_bytes());
-                }
+                put_row(ty, &file[(i * nb + b) * bb..(i * nb + b + 1) * bb], i, dst);
             }
         }
     }
     Ok(())
 }
 
-/// Row `r` of a matrix in panels, as the file has it (`cols / 32 * 34`
-/// bytes into `dst`).
-pub fn panel_row(cols: usize, data: &[u8], r: usize, dst: &mut [u8]) -> Result<(), KernelError> {
+/// Row `r` of a `ty` matrix in panels, as the file has it (`cols / 32`
+/// blocks into `dst`).
+pub fn panel_row(
+    ty: GgmlType,
+    cols: usize,
+    data: &[u8],
+    r: usize,
+    dst: &mut [u8],
+) -> Result<(), KernelError> {
     let nb = cols / 32;
+    let bb = block_bytes(ty)
+        .ok_or_else(|| KernelError::unsupported(format!("{ty} matrices in panels")))?;
+    let block = PANEL_ROWS * bb;
     let (p, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
     let panel = data
-        .get(p * BLOCK * nb..(p + 1) * BLOCK * nb)
+        .get(p * block * nb..(p + 1) * block * nb)
         .filter(|_| cols.is_multiple_of(32))
         .ok_or_else(|| KernelError::unsupported(format!("row {r} of a panel matrix of {cols}")))?;
-    if dst.len() != nb * 34 {
-        return Err(KernelError::size("Q8_0 row bytes", nb * 34, dst.len()));
+    if dst.len() != nb * bb {
+        return Err(KernelError::size(
+            format!("{ty} row bytes"),
+            nb * bb,
+            dst.len(),
+        ));
     }
-    for (b, out) in dst.chunks_exact_mut(34).enumerate() {
-        let src = &panel[b * BLOCK..(b + 1) * BLOCK];
-        out[..2].copy_from_slice(&src[2 * i..2 * i + 2]);
-        for k in 0..8 {
-            let at = 32 + 64 * k + 4 * i;
-            let v = u32::from_le_bytes(src[at..at + 4].try_into().unwrap());
-            out[2 + 4 * k..6 + 4 * k].copy_from_slice(&(v ^ 0x8080_8080).to_le_bytes());
-        }
+    for (b, out) in dst.chunks_exact_mut(bb).enumerate() {
+        get_row(ty, &panel[b * block..(b + 1) * block], i, out);
     }
     Ok(())
 }
@@ -124,24 +217,74 @@ pub fn from_panels(
     src: &[u8],
     dst: &mut [u8],
 ) -> Result<(), KernelError> {
-    let nb = blocks(ty, rows, cols, src.len())?;
+    let (nb, bb) = blocks(ty, rows, cols, src.len())?;
     if dst.len() != src.len() {
-        return Err(KernelError::size("Q8_0 weight bytes", src.len(), dst.len()));
+        return Err(KernelError::size(
+            format!("{ty} weight bytes"),
+            src.len(),
+            dst.len(),
+        ));
     }
-    for (r, row) in dst.chunks_exact_mut(nb * 34).enumerate() {
-        panel_row(cols, src, r, row)?;
+    for (r, row) in dst.chunks_exact_mut(nb * bb).enumerate() {
+        panel_row(ty, cols, src, r, row)?;
     }
     Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use vnni::range_vnni_panels;
+pub(crate) use vnni::{range_vnni_panels, PanelQ5_0, PanelQ8_0};
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{QuantJob, BLOCK, PANEL_ROWS};
+    use super::{QuantJob, PANEL_ROWS};
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
+
+    /// How a type's panel blocks give the tile its step vectors.
+    pub(crate) trait PanelType {
+        /// Bytes of one panel block (16 rows' blocks).
+        const BLOCK: usize;
+        /// `u - s`: the tile's sums start at `-OFFSET * sum x`.
+        const OFFSET: i32;
+        /// Step `k` (0..8) of the block at `wb`: value `4k + v` of row `i`
+        /// as `u` at byte `4i + v`.
+        ///
+        /// # Safety
+        /// AVX-512 F/BW available; `wb` is a whole panel block.
+        unsafe fn step(wb: *const u8, k: usize) -> __m512i;
+    }
+
+    /// Q8_0: the steps are stored as they are used.
+    pub(crate) struct PanelQ8_0;
+
+    impl PanelType for PanelQ8_0 {
+        const BLOCK: usize = PANEL_ROWS * 34;
+        const OFFSET: i32 = 128;
+
+        #[inline(always)]
+        unsafe fn step(wb: *const u8, k: usize) -> __m512i {
+            unsafe { _mm512_loadu_si512(wb.add(32 + 64 * k).cast()) }
+        }
+    }
+
+    /// Q5_0: a step's nibbles, and its fifth bits added under a mask.
+    pub(crate) struct PanelQ5_0;
+
+    impl PanelType for PanelQ5_0 {
+        const BLOCK: usize = PANEL_ROWS * 22;
+        const OFFSET: i32 = 16;
+
+        #[inline(always)]
+        unsafe fn step(wb: *const u8, k: usize) -> __m512i {
+            unsafe {
+                let v = _mm512_loadu_si512(wb.add(32 + 64 * (k % 4)).cast());
+                let v = if k < 4 { v } else { _mm512_srli_epi16(v, 4) };
+                let nibbles = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+                let fifth = wb.add(288 + 8 * k).cast::<u64>().read_unaligned();
+                _mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(16))
+            }
+        }
+    }
 
     /// Activation rows per register tile.
     const RA: usize = 6;
@@ -154,11 +297,11 @@ mod vnni {
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available; `job.data` is a
-    /// Q8_0 matrix of `job.rows x job.cols` in panels and `job.acts` its
+    /// matrix of `T` of `job.rows x job.cols` in panels and `job.acts` its
     /// Block32 activations; the caller owns output elements `(i, r)` for `i`
     /// in `i0..i1`, `r` in `r0..r1`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(crate) unsafe fn range_vnni_panels(
+    pub(crate) unsafe fn range_vnni_panels<T: PanelType>(
         job: &QuantJob<'_>,
         r0: usize,
         r1: usize,
@@ -170,7 +313,7 @@ mod vnni {
             assert!(
                 job.rows.is_multiple_of(PANEL_ROWS)
                     && r1 <= job.rows
-                    && job.data.len() >= job.rows * nb * 34
+                    && job.data.len() >= job.rows / PANEL_ROWS * nb * T::BLOCK
                     && i1 <= job.acts.n(),
                 "panel kernel: inconsistent shapes"
             );
@@ -196,8 +339,8 @@ mod vnni {
                     macro_rules! run {
                         ($($n:literal)*) => {
                             match (two, ct) {
-                                $((true, $n) => t.run::<2, $n>(),)*
-                                $((false, $n) => t.run::<1, $n>(),)*
+                                $((true, $n) => t.run::<T, 2, $n>(),)*
+                                $((false, $n) => t.run::<T, 1, $n>(),)*
                                 _ => unreachable!("tiles have 1 to {RA} rows"),
                             }
                         };
@@ -232,10 +375,10 @@ mod vnni {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         // Indexed loops over the register tile read as its coordinates.
         #[allow(clippy::needless_range_loop)]
-        unsafe fn run<const PO: usize, const RN: usize>(&self) {
+        unsafe fn run<T: PanelType, const PO: usize, const RN: usize>(&self) {
             unsafe {
                 let nb = self.nb;
-                let w = self.job.data.as_ptr().add(self.panel * nb * BLOCK);
+                let w = self.job.data.as_ptr().add(self.panel * nb * T::BLOCK);
                 // Rows follow each other in the activations' buffers
                 // (`QuantizedActs::row`): row `row + r`'s values at `qs + r *
                 // cols`, its block scales and sums at `d + r * nb`, `bs + r * nb`.
@@ -266,7 +409,7 @@ mod vnni {
                 );
                 let pre = self
                     .prefetch
-                    .map(|q| self.job.data.as_ptr().add(q * nb * BLOCK));
+                    .map(|q| self.job.data.as_ptr().add(q * nb * T::BLOCK));
                 // The 8 lane classes' registers, kept until the tree: each
                 // written below before it is read (zeroing 8 x PO x RN
                 // registers per tile was ~3% of a speculative server's time).
@@ -285,20 +428,20 @@ mod vnni {
                         // through memory (the 16-row head 1.7x slower).
                         let mut wb = [w; PO];
                         for (o, wb) in wb.iter_mut().enumerate() {
-                            *wb = w.add((o * nb + b) * BLOCK);
+                            *wb = w.add((o * nb + b) * T::BLOCK);
                         }
                         if let Some(pre) = pre {
                             for o in 0..PO {
-                                let at = pre.add((o * nb + b) * BLOCK);
-                                for line in (0..BLOCK).step_by(64) {
+                                let at = pre.add((o * nb + b) * T::BLOCK);
+                                for line in (0..T::BLOCK).step_by(64) {
                                     _mm_prefetch(at.add(line).cast(), _MM_HINT_T1);
                                 }
                             }
                         }
-                        // The offset: sum (s + 128) x = sum s x + 128 sum x.
+                        // The offset: sum u x = sum s x + OFFSET sum x.
                         let mut acc = [[_mm512_setzero_si512(); RN]; PO];
                         for r in 0..RN {
-                            let init = _mm512_set1_epi32(-128 * *bs.add(r * nb + b) as i32);
+                            let init = _mm512_set1_epi32(-T::OFFSET * *bs.add(r * nb + b) as i32);
                             for acc in acc.iter_mut() {
                                 acc[r] = init;
                             }
@@ -306,7 +449,7 @@ mod vnni {
                         for k in 0..8 {
                             let mut wv = [_mm512_setzero_si512(); PO];
                             for (wv, wb) in wv.iter_mut().zip(&wb) {
-                                *wv = _mm512_loadu_si512(wb.add(32 + 64 * k).cast());
+                                *wv = T::step(*wb, k);
                             }
                             for r in 0..RN {
                                 let x = qs.add(r * cols + 32 * b + 4 * k).cast::<i32>();

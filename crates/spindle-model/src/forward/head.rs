@@ -209,7 +209,7 @@ impl Model {
             }
             match out.layout {
                 // A head in panels: each row as the file has it.
-                WeightLayout::Panels => panel_row(out.cols, &out.data, t, dst)?,
+                WeightLayout::Panels => panel_row(out.ty, out.cols, &out.data, t, dst)?,
                 _ => dst.copy_from_slice(&out.data[t * row_bytes..(t + 1) * row_bytes]),
             }
         }

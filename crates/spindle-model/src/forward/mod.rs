@@ -487,7 +487,7 @@ impl Model {
                 }
                 WeightLayout::Panels => {
                     file_row.resize(row_bytes, 0);
-                    panel_row(w.embed.cols, &w.embed.data, t, &mut file_row)?;
+                    panel_row(w.embed.ty, w.embed.cols, &w.embed.data, t, &mut file_row)?;
                     spindle_kernels::dequantize(w.embed.ty, &file_row, dst)?
                 }
             }
