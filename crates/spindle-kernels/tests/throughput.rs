@@ -523,3 +523,53 @@ fn gelu_erf_throughput() {
         );
     }
 }
+
+/// One-row matmul on rows of growing length, the same values each (4M by
+/// default: in L3, out of L2; `SPINDLE_BENCH_VALUES=120000000` puts them in
+/// DRAM), as the loader lays them out: whether a long row (an 8B model's
+/// `ffn_down`, 14,336 columns) streams slower than a short one
+/// (docs/PERF.md §51, §56). `SPINDLE_BENCH_FILTER` picks types.
+#[test]
+#[ignore = "manual throughput check; run with --ignored --nocapture"]
+fn one_row_long_rows_throughput() {
+    let filter = std::env::var("SPINDLE_BENCH_FILTER").unwrap_or_default();
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+        ] {
+            if !ty.to_string().contains(filter.as_str()) {
+                continue;
+            }
+            let values: usize = std::env::var("SPINDLE_BENCH_VALUES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4 << 20);
+            let widths: Vec<usize> = std::env::var("SPINDLE_BENCH_COLS")
+                .ok()
+                .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
+                .unwrap_or_else(|| vec![2048, 4096, 8192, 14336, 28672]);
+            for cols in widths {
+                let rows = values / cols;
+                let mut rng = StdRng::seed_from_u64(1);
+                let mut w = random_weights(&mut rng, ty, rows, cols);
+                let layout = rewrite(ty, rows, cols, &mut w);
+                let w = Storage::resident_copy(&w, None).unwrap();
+                let view = WeightView::new(ty, rows, cols, &w)
+                    .unwrap()
+                    .with_layout(layout);
+                let x = random_acts(&mut rng, 1, cols);
+                let best = time_call(&pool, &view, &x, 1, 0.4);
+                println!(
+                    "{threads}t {ty:>5} {rows:>5}x{cols:<6} {layout:?} n=1 {us:8.1} us {gbs:6.2} GB/s {gmacs:6.2} GMAC/s",
+                    us = best * 1e6,
+                    gbs = w.len() as f64 / best / 1e9,
+                    gmacs = (rows * cols) as f64 / best / 1e9,
+                );
+            }
+        }
+    }
+}

@@ -711,12 +711,11 @@ pub(crate) mod simd {
             let out = job.out.slice(r0, r1 - r0);
             let w = &job.data[..r1 * job.row_bytes];
             let mut wg = WGroup::ZERO;
+            // No rows asked for ahead, as the GGUF one-row kernels of the
+            // 32-value types do: from the vertical layout, Q8_0 and Q5_0
+            // rows streamed from memory at 13-14 GB/s a core with them (8,192
+            // columns) and 24-29 without (docs/PERF.md §56).
             for (r, o) in (r0..r1).zip(out.iter_mut()) {
-                if T::HALF_GROUPS {
-                    // As the GGUF one-row kernels: the 32-value types gain
-                    // from asking rows ahead, the K-quants lose.
-                    crate::quant::prefetch_row_ahead(w, r, job.row_bytes);
-                }
                 *o = dot_row::<T>(w.as_ptr().add(r * job.row_bytes), nb, job.packed, &mut wg);
             }
         }
@@ -743,13 +742,15 @@ pub(crate) mod simd {
             for (g, ag) in acts.iter().enumerate() {
                 let p = row.add(g * full);
                 if ahead {
-                    // Long rows stream from memory at half the rate of
-                    // short ones (docs/PERF.md §51); ask for the bytes a
-                    // page ahead. (A prefetch never faults: past the
-                    // matrix's end it is only wasted.)
+                    // A long row's activations (20 KB at 14,336 columns)
+                    // fill most of L1, and weights streamed through L1
+                    // pushed them out: such rows ran at half the rate of
+                    // short ones (docs/PERF.md §51, §56). So their bytes are
+                    // asked for a page ahead into L2 only. (A prefetch
+                    // never faults: past the matrix's end it is only wasted.)
                     let q = p.wrapping_add(PREFETCH_AHEAD);
                     for line in 0..full.div_ceil(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(64 * line).cast());
+                        _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(64 * line).cast());
                     }
                 }
                 lanes = if !T::HALF_GROUPS || nb - 8 * g >= 8 {
