@@ -287,7 +287,9 @@ fn rewrite_vertical(t: &spindle_formats::GgufTensorInfo, bytes: &mut [u8], head:
 /// vertical layout; `SPINDLE_HEAD_PANELS=0` keeps it vertical (to compare).
 /// The loader and the weights' reader ask the same question.
 pub(crate) fn head_in_panels(ty: spindle_kernels::GgmlType, rows: usize, cols: usize) -> bool {
-    spindle_kernels::quant::panels::panels_supported(ty, rows, cols)
+    // Q8_0 only: panels hold Q5_0 too, but a Q5_0 head in them is unmeasured.
+    ty == spindle_kernels::GgmlType::Q8_0
+        && spindle_kernels::quant::panels::panels_supported(ty, rows, cols)
         && std::env::var("SPINDLE_HEAD_PANELS").map_or(true, |v| v != "0")
 }
 
@@ -343,6 +345,22 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Duration;
+
+    #[test]
+    fn only_what_was_measured_goes_into_panels() {
+        use spindle_kernels::GgmlType;
+        // A Q5_0 head stays vertical (panels hold Q5_0, but such a head
+        // was never measured in them), and so do shapes panels cannot hold.
+        assert!(!head_in_panels(GgmlType::Q5_0, 262_144, 640));
+        assert!(!head_in_panels(GgmlType::Q8_0, 262_145, 640));
+        assert!(!head_in_panels(GgmlType::Q6_K, 262_144, 640));
+        // Layer matrices: Q5_0 only, and only when asked for (the variable
+        // is not set in the tests).
+        if std::env::var_os("SPINDLE_LAYER_PANELS").is_none() {
+            assert!(!layer_in_panels(GgmlType::Q5_0, 2048, 640));
+        }
+        assert!(!layer_in_panels(GgmlType::Q8_0, 2048, 640));
+    }
 
     #[test]
     fn weights_are_copied_when_the_copy_leaves_room() {
