@@ -205,6 +205,14 @@ fn rewrite(ty: GgmlType, rows: usize, cols: usize, w: &mut [u8]) -> WeightLayout
     }
 }
 
+/// A random matrix as the loader keeps it: rewritten for the layout asked
+/// (see [`rewrite`]) and in huge pages.
+fn laid_out(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> (Storage, WeightLayout) {
+    let mut w = random_weights(rng, ty, rows, cols);
+    let layout = rewrite(ty, rows, cols, &mut w);
+    (Storage::resident_copy(&w, None).unwrap(), layout)
+}
+
 fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_secs: f64) -> f64 {
     let mut out = vec![0.0f32; n * view.rows];
     let isa = detected_isa();
@@ -284,10 +292,7 @@ fn multi_row_throughput() {
                 continue;
             }
             let mut rng = StdRng::seed_from_u64(1);
-            let mut w = random_weights(&mut rng, ty, rows, cols);
-            let layout = rewrite(ty, rows, cols, &mut w);
-            // In huge pages, as the loader keeps weights.
-            let w = Storage::resident_copy(&w, None).unwrap();
+            let (w, layout) = laid_out(&mut rng, ty, rows, cols);
             let view = WeightView::new(ty, rows, cols, &w)
                 .unwrap()
                 .with_layout(layout);
@@ -555,9 +560,7 @@ fn one_row_long_rows_throughput() {
             for cols in widths {
                 let rows = values / cols;
                 let mut rng = StdRng::seed_from_u64(1);
-                let mut w = random_weights(&mut rng, ty, rows, cols);
-                let layout = rewrite(ty, rows, cols, &mut w);
-                let w = Storage::resident_copy(&w, None).unwrap();
+                let (w, layout) = laid_out(&mut rng, ty, rows, cols);
                 let view = WeightView::new(ty, rows, cols, &w)
                     .unwrap()
                     .with_layout(layout);
