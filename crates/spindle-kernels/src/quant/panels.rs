@@ -35,7 +35,9 @@
 //! The integer dot is `sum u x - offset * sum x` (offset 128 or 16), exact
 //! in any order.
 
+use super::block32::Block32;
 use super::multi_row::QuantJob;
+use super::q5_0;
 use crate::error::KernelError;
 use spindle_formats::GgmlType;
 
@@ -90,19 +92,6 @@ fn blocks(
     Ok((nb, bb))
 }
 
-/// The 32 unsigned values `u` of a Q5_0 file block.
-fn q5_0_values(block: &[u8]) -> [u8; 32] {
-    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-    std::array::from_fn(|j| {
-        let nibble = if j < 16 {
-            block[6 + j] & 0x0F
-        } else {
-            block[6 + j - 16] >> 4
-        };
-        nibble | ((((qh >> j) & 1) as u8) << 4)
-    })
-}
-
 /// Writes row `i`'s file block `src` into panel block `dst`.
 fn put_row(ty: GgmlType, src: &[u8], i: usize, dst: &mut [u8]) {
     dst[2 * i..2 * i + 2].copy_from_slice(&src[..2]);
@@ -115,7 +104,8 @@ fn put_row(ty: GgmlType, src: &[u8], i: usize, dst: &mut [u8]) {
         }
         return;
     }
-    let u = q5_0_values(src);
+    // The stored 5-bit values: the format's signed values plus 16.
+    let u = <q5_0::Q5_0 as Block32>::values(src).map(|s| (s + 16) as u8);
     for k in 0..8 {
         for v in 0..4 {
             let value = u[4 * k + v];
