@@ -1,3 +1,10 @@
+// One file (about 950 lines) on purpose: the layout's definition (`Spec`,
+// its planes), the rewrite into it and back, and the VNNI code that reads
+// it (group unpacking for the multi-row tiles, the one-row kernel) are one
+// contract: a change to where a plane lies is made and reviewed in all of
+// them at once, and the scalar rewrite beside the SIMD one must produce the
+// same bytes.
+
 //! The vertical weight layout: a quantized matrix rewritten once, at load,
 //! into the order the VNNI multi-row kernel reads, in the same bytes.
 //!

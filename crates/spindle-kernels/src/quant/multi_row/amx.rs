@@ -1,3 +1,9 @@
+// One file (over 1,200 lines) on purpose: the AMX tile configuration, the
+// packing of weights and activations into tile order, the tile loop and the
+// fold of its int32 sums into the lanes that every other path folds are one
+// contract (the results must be the VNNI path's bits), and they are only
+// testable together on a machine with the tile unit.
+
 //! The AMX multi-row micro-kernel, for matrices in the vertical layout
 //! ([`crate::quant::vertical`]) on CPUs with the tile unit ([`crate::amx`]).
 //!
