@@ -46,11 +46,7 @@ pub const PANEL_ROWS: usize = 16;
 
 /// The file's bytes of one block of `ty`, for the types panels hold.
 fn block_bytes(ty: GgmlType) -> Option<usize> {
-    match ty {
-        GgmlType::Q8_0 => Some(34),
-        GgmlType::Q5_0 => Some(22),
-        _ => None,
-    }
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0).then(|| ty.block_bytes())
 }
 
 /// Whether a matrix of this type and shape can be held in panels.
