@@ -253,6 +253,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .find(|p| p.path == model.isa().name())
         .map(|p| p.all_threads);
     let best_peak = peaks.iter().map(|p| p.all_threads).fold(0.0, f64::max);
+    // A pass of R rows with every row's logits: the layers' and the head's
+    // multiply-accumulates for each row (attention is float, not counted).
+    let head_macs = (model.weights.output.rows * model.weights.output.cols) as f64;
+    let rows_rate =
+        |rows: usize, s: &Summary| rows as f64 * (macs_per_token + head_macs) / s.median;
 
     let vertical = model.weights.vertical_layer_matrices();
     let panels = model.weights.panel_layer_matrices().0;
@@ -310,6 +315,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "ratio_to_one_row_chosen_token": one_row_chosen.map(|o| c.median / o),
                 "ms_every_row_chosen": {"mean": e.mean * 1e3, "sd": e.sd * 1e3, "median": e.median * 1e3},
                 "ratio_to_one_row_every_row_chosen": one_row_every.map(|o| e.median / o),
+                "macs_per_s": rows_rate(*r, s),
+                "peak_fraction": path_peak.map(|p| rows_rate(*r, s) / p),
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -489,6 +496,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 times(one_row_chosen, c),
                 e.median * 1e3,
                 times(one_row_every, e),
+            );
+        }
+        println!();
+        println!(
+            "the full-logits passes in int8 multiply-accumulates ({:.1} M a row in the layers' matrices, {:.1} M in the head; attention not counted), against the {} peak:",
+            macs_per_token / 1e6,
+            head_macs / 1e6,
+            model.isa().name()
+        );
+        println!("| rows | GMAC/s | of the peak |");
+        println!("|---|---|---|");
+        for (r, s, _, _) in &curve {
+            let rate = rows_rate(*r, s);
+            println!(
+                "| {r} | {:.1} | {} |",
+                rate / 1e9,
+                path_peak.map_or_else(|| "?".into(), |p| format!("{:.0}%", rate / p * 100.0))
             );
         }
     }
