@@ -432,8 +432,9 @@ fn bench_panels(pool: &ThreadPool, rows: usize, cols: usize, n: usize, min_secs:
     );
 }
 
-/// One matmul shape on one thread, for profiling: `SPINDLE_BENCH_SHAPE=TYPE,ROWS,COLS,N`
-/// (default Q8_0,256,640,512), weights in the vertical layout where the type has it.
+/// One matmul shape, for profiling: `SPINDLE_BENCH_SHAPE=TYPE,ROWS,COLS,N[,THREADS]`
+/// (default Q8_0,256,640,512 on one thread), weights in the vertical layout where
+/// the type has it, or as `SPINDLE_BENCH_LAYOUT` says.
 #[test]
 #[ignore = "manual throughput check; run with --ignored --nocapture"]
 fn one_shape() {
@@ -448,21 +449,27 @@ fn one_shape() {
         f[2].parse().unwrap(),
         f[3].parse().unwrap(),
     );
-    let pool = ThreadPool::new(1);
+    let threads = f.get(4).map_or(1, |t| t.parse().unwrap());
+    let pool = ThreadPool::new(threads);
     let mut rng = StdRng::seed_from_u64(1);
-    let mut w = random_weights(&mut rng, ty, rows, cols);
-    let mut layout = WeightLayout::Gguf;
-    if vertical_supported(ty, cols) {
-        to_vertical(ty, cols, &mut w).unwrap();
-        layout = WeightLayout::Vertical;
-    }
+    let (w, layout) = if std::env::var("SPINDLE_BENCH_LAYOUT").is_ok() {
+        laid_out(&mut rng, ty, rows, cols)
+    } else {
+        let mut w = random_weights(&mut rng, ty, rows, cols);
+        let mut layout = WeightLayout::Gguf;
+        if vertical_supported(ty, cols) {
+            to_vertical(ty, cols, &mut w).unwrap();
+            layout = WeightLayout::Vertical;
+        }
+        (Storage::resident_copy(&w, None).unwrap(), layout)
+    };
     let view = WeightView::new(ty, rows, cols, &w)
         .unwrap()
         .with_layout(layout);
     let x = random_acts(&mut rng, n, cols);
     let best = time_call(&pool, &view, &x, n, 3.0);
     println!(
-        "{} 1t {ty} {rows}x{cols} n={n}: {:.1} us, {:.1} GMAC/s",
+        "{} {threads}t {ty} {rows}x{cols} n={n} {layout:?}: {:.1} us, {:.1} GMAC/s",
         detected_isa(),
         best * 1e6,
         (rows * cols * n) as f64 / best / 1e9

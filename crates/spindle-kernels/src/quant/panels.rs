@@ -310,6 +310,11 @@ mod vnni {
                 // two whole ones, so the addresses stay inside it.
                 let ahead = p + 2 * PAIRS_AHEAD;
                 let in_matrix = ahead + 2 <= job.rows / PANEL_ROWS;
+                // Every row tile over the pair asks for its share of the
+                // blocks ahead (block `b` by tile `b % tiles`): the stream
+                // runs through all of the pair's compute, not in a burst
+                // during the first tile's (docs/PERF.md §57).
+                let tiles = (i1 - i0).div_ceil(RA);
                 let mut i = i0;
                 while i < i1 {
                     let ct = (i1 - i).min(RA);
@@ -319,8 +324,11 @@ mod vnni {
                         panel: p,
                         row: i,
                         rows: (r0, r1),
-                        // Only the first rows' pass streams the weights in.
-                        prefetch: (i == i0 && in_matrix).then_some(ahead),
+                        prefetch: in_matrix.then_some(Prefetch {
+                            panel: ahead,
+                            share: (i - i0) / RA,
+                            of: tiles,
+                        }),
                     };
                     macro_rules! run {
                         ($($n:literal)*) => {
@@ -348,9 +356,17 @@ mod vnni {
         row: usize,
         /// Weight rows whose outputs this call owns.
         rows: (usize, usize),
-        /// The panel whose blocks to ask into L2 alongside (the same block
-        /// as the one being multiplied).
-        prefetch: Option<usize>,
+        /// The panels whose blocks to ask into L2 alongside.
+        prefetch: Option<Prefetch>,
+    }
+
+    /// Blocks of panels further on that a tile asks into L2: those of
+    /// `panel` (and the next) whose index is `share` modulo `of`, each as
+    /// the tile multiplies the same block of its own panels.
+    struct Prefetch {
+        panel: usize,
+        share: usize,
+        of: usize,
     }
 
     impl Tile<'_, '_> {
@@ -393,9 +409,13 @@ mod vnni {
                     first.d.as_ptr(),
                     first.bsums.as_ptr(),
                 );
-                let pre = self
-                    .prefetch
-                    .map(|q| self.job.data.as_ptr().add(q * nb * T::BLOCK));
+                let pre = self.prefetch.as_ref().map(|q| {
+                    (
+                        self.job.data.as_ptr().add(q.panel * nb * T::BLOCK),
+                        q.share,
+                        q.of,
+                    )
+                });
                 // The 8 lane classes' registers, kept until the tree: each
                 // written below before it is read (zeroing 8 x PO x RN
                 // registers per tile was ~3% of a speculative server's time).
@@ -416,11 +436,15 @@ mod vnni {
                         for (o, wb) in wb.iter_mut().enumerate() {
                             *wb = w.add((o * nb + b) * T::BLOCK);
                         }
-                        if let Some(pre) = pre {
-                            for o in 0..PO {
-                                let at = pre.add((o * nb + b) * T::BLOCK);
-                                for line in (0..T::BLOCK).step_by(64) {
-                                    _mm_prefetch(at.add(line).cast(), _MM_HINT_T1);
+                        if let Some((pre, share, of)) = pre {
+                            if b % of != share {
+                                // Another tile's share.
+                            } else {
+                                for o in 0..PO {
+                                    let at = pre.add((o * nb + b) * T::BLOCK);
+                                    for line in (0..T::BLOCK).step_by(64) {
+                                        _mm_prefetch(at.add(line).cast(), _MM_HINT_T1);
+                                    }
                                 }
                             }
                         }
