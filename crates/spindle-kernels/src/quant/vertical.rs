@@ -835,7 +835,9 @@ pub(crate) mod simd {
                     let mut dot = _mm256_setzero_si256();
                     for (h, a) in acc.iter().enumerate() {
                         let sc = _mm256_loadu_si256(wg.sc[h].as_ptr().cast());
-                        let sc = _mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16);
+                        // Both int16 halves hold the scale: the high one,
+                        // sign-extended.
+                        let sc = _mm256_srai_epi32(sc, 16);
                         dot = _mm256_add_epi32(dot, _mm256_mullo_epi32(sc, *a));
                     }
                     _mm256_fmadd_ps(_mm256_mul_ps(f0, da), _mm256_cvtepi32_ps(dot), lanes)

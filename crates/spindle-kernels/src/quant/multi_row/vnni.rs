@@ -457,9 +457,9 @@ unsafe fn tile<T: MultiRow, S: WeightTile, const R: usize, const P: usize>(
                             // scale_lo * dot_lo + scale_hi * dot_hi.
                             let mut dot = _mm512_setzero_si512();
                             for h in 0..2 {
-                                // Lane j's int16 pair both hold block j's scale.
-                                let sc = twice_si(w.sc(r, g, h));
-                                let sc = _mm512_srai_epi32(_mm512_slli_epi32(sc, 16), 16);
+                                // Lane j's int16 pair both hold block j's scale:
+                                // the high one, sign-extended, is the scale.
+                                let sc = _mm512_srai_epi32(twice_si(w.sc(r, g, h)), 16);
                                 dot = _mm512_add_epi32(dot, _mm512_mullo_epi32(sc, acc[h][r][p]));
                             }
                             _mm512_fmadd_ps(_mm512_mul_ps(f0, da[p]), _mm512_cvtepi32_ps(dot), old)
