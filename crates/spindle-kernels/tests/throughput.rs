@@ -180,24 +180,29 @@ fn kernels_in_cache() {
     }
 }
 
-/// Best seconds per call of an `n`-row matmul (see [`bench`]), without
-/// printing.
-/// `SPINDLE_BENCH_LAYOUT=vertical`: matrices as the loader rewrites them
-/// on VNNI machines (`=panels`: Q8_0 ones in panels of 16 rows, as the
-/// loader keeps a Q8_0 head; the others vertical).
-fn vertical_layout() -> bool {
-    std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "vertical" || v == "panels")
+/// The layout `SPINDLE_BENCH_LAYOUT` asks for: `vertical` (matrices as the
+/// loader rewrites them on VNNI machines) or `panels` (Q8_0 and Q5_0 ones in
+/// panels of 16 rows, the others vertical); unset or anything else, the
+/// file's order.
+fn layout_asked() -> String {
+    std::env::var("SPINDLE_BENCH_LAYOUT").unwrap_or_default()
 }
 
 /// Rewrites `w` as the loader would for the layout asked (see
-/// [`vertical_layout`]).
+/// [`layout_asked`]).
 fn rewrite(ty: GgmlType, rows: usize, cols: usize, w: &mut [u8]) -> WeightLayout {
+    rewrite_as(&layout_asked(), ty, rows, cols, w)
+}
+
+/// Rewrites `w` into `layout` (as named by [`layout_asked`]) where its type
+/// and shape allow.
+fn rewrite_as(layout: &str, ty: GgmlType, rows: usize, cols: usize, w: &mut [u8]) -> WeightLayout {
     use spindle_kernels::quant::panels::{panels_supported, to_panels};
-    let panels = std::env::var("SPINDLE_BENCH_LAYOUT").is_ok_and(|v| v == "panels");
-    if panels && panels_supported(ty, rows, cols) {
+    let vertical = layout == "vertical" || layout == "panels";
+    if layout == "panels" && panels_supported(ty, rows, cols) {
         to_panels(ty, rows, cols, w).unwrap();
         WeightLayout::Panels
-    } else if vertical_layout() && vertical_supported(ty, cols) {
+    } else if vertical && vertical_supported(ty, cols) {
         to_vertical(ty, cols, w).unwrap();
         WeightLayout::Vertical
     } else {
@@ -205,14 +210,27 @@ fn rewrite(ty: GgmlType, rows: usize, cols: usize, w: &mut [u8]) -> WeightLayout
     }
 }
 
-/// A random matrix as the loader keeps it: rewritten for the layout asked
-/// (see [`rewrite`]) and in huge pages.
-fn laid_out(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> (Storage, WeightLayout) {
+/// A random matrix as the loader keeps it: rewritten into `layout` (see
+/// [`rewrite_as`]) and in huge pages.
+fn laid_out_as(
+    layout: &str,
+    rng: &mut StdRng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> (Storage, WeightLayout) {
     let mut w = random_weights(rng, ty, rows, cols);
-    let layout = rewrite(ty, rows, cols, &mut w);
+    let layout = rewrite_as(layout, ty, rows, cols, &mut w);
     (Storage::resident_copy(&w, None).unwrap(), layout)
 }
 
+/// [`laid_out_as`] the layout asked.
+fn laid_out(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> (Storage, WeightLayout) {
+    laid_out_as(&layout_asked(), rng, ty, rows, cols)
+}
+
+/// Best seconds per call of an `n`-row matmul (see [`bench`]), without
+/// printing.
 fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_secs: f64) -> f64 {
     let mut out = vec![0.0f32; n * view.rows];
     let isa = detected_isa();
@@ -452,17 +470,8 @@ fn one_shape() {
     let threads = f.get(4).map_or(1, |t| t.parse().unwrap());
     let pool = ThreadPool::new(threads);
     let mut rng = StdRng::seed_from_u64(1);
-    let (w, layout) = if std::env::var("SPINDLE_BENCH_LAYOUT").is_ok() {
-        laid_out(&mut rng, ty, rows, cols)
-    } else {
-        let mut w = random_weights(&mut rng, ty, rows, cols);
-        let mut layout = WeightLayout::Gguf;
-        if vertical_supported(ty, cols) {
-            to_vertical(ty, cols, &mut w).unwrap();
-            layout = WeightLayout::Vertical;
-        }
-        (Storage::resident_copy(&w, None).unwrap(), layout)
-    };
+    let asked = std::env::var("SPINDLE_BENCH_LAYOUT").unwrap_or_else(|_| "vertical".into());
+    let (w, layout) = laid_out_as(&asked, &mut rng, ty, rows, cols);
     let view = WeightView::new(ty, rows, cols, &w)
         .unwrap()
         .with_layout(layout);
@@ -545,6 +554,14 @@ fn gelu_erf_throughput() {
 #[ignore = "manual throughput check; run with --ignored --nocapture"]
 fn one_row_long_rows_throughput() {
     let filter = std::env::var("SPINDLE_BENCH_FILTER").unwrap_or_default();
+    let values: usize = std::env::var("SPINDLE_BENCH_VALUES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4 << 20);
+    let widths: Vec<usize> = std::env::var("SPINDLE_BENCH_COLS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
+        .unwrap_or_else(|| vec![2048, 4096, 8192, 14336, 28672]);
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         for ty in [
@@ -556,15 +573,7 @@ fn one_row_long_rows_throughput() {
             if !ty.to_string().contains(filter.as_str()) {
                 continue;
             }
-            let values: usize = std::env::var("SPINDLE_BENCH_VALUES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(4 << 20);
-            let widths: Vec<usize> = std::env::var("SPINDLE_BENCH_COLS")
-                .ok()
-                .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
-                .unwrap_or_else(|| vec![2048, 4096, 8192, 14336, 28672]);
-            for cols in widths {
+            for &cols in &widths {
                 let rows = values / cols;
                 let mut rng = StdRng::seed_from_u64(1);
                 let (w, layout) = laid_out(&mut rng, ty, rows, cols);
