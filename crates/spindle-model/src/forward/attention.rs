@@ -144,8 +144,20 @@ impl Model {
         let split_chunks = batch.len() * n_kv < 4 * threads
             || (units.len() * n_kv < threads && partial_bytes <= SPLIT_PARTIALS_BYTES);
         let items: usize = units.iter().map(Unit::n_chunks).sum::<usize>() * n_kv;
-        let parts = if split_chunks && items < 2 * threads {
-            (2 * threads).div_ceil(items.max(1)).clamp(1, group_size)
+        // Every unit one chunk: nothing to fold across items, so each task
+        // finishes its rows itself (no partials buffer, no second run).
+        let one_step = units.iter().all(|u| u.n_chunks() <= 1);
+        // Items of equal work (one tile's one chunk, per KV head) balance
+        // with one per thread; each slice of heads more widens the chunk's
+        // keys again (16 rows at 144 positions: 1.73-1.78 ms a pass against
+        // 1.98-2.04 with two per thread, docs/PERF.md §58). Items of unequal
+        // work (chunks of different lengths) balance better in two per
+        // thread.
+        let per_thread = if one_step && units.len() == 1 { 1 } else { 2 };
+        let parts = if split_chunks && items < per_thread * threads {
+            (per_thread * threads)
+                .div_ceil(items.max(1))
+                .clamp(1, group_size)
         } else {
             1
         };
@@ -266,7 +278,7 @@ impl Model {
             let from = tile.rows.start - unit.rows().start;
             from * plen..(from + tile.rows.len()) * plen
         };
-        if !split_chunks {
+        if !split_chunks || one_step {
             for_each_task(&self.pool, units.len() * slices.len(), |t| {
                 let (unit, slice) = (&units[t / slices.len()], &slices[t % slices.len()]);
                 let plen = slice.1.partial_len();
