@@ -467,30 +467,38 @@ pub(crate) unsafe fn range_avx2<T: MultiRow>(
                 T::pack_group(row, g, nb, &mut *out.add(g * stride));
             }
         };
-        super::for_each_packed_tile(job, chunk, (r0, r1), (i0, i1), pack, |w, rt, t0, c0, c1| {
-            let mut i = c0;
-            while i < c1 {
-                let ct = (c1 - i).min(NR);
-                if rt == MR && ct == NR {
-                    run_tile::<T, MR, NR>(job, w, rt, t0, i, ng, last);
-                } else if rt == MR {
-                    for c in 0..ct {
-                        run_tile::<T, MR, 1>(job, w, rt, t0, i + c, ng, last);
-                    }
-                } else if ct == NR {
-                    for r in 0..rt {
-                        run_tile::<T, 1, NR>(job, w.add(r), rt, t0 + r, i, ng, last);
-                    }
-                } else {
-                    for r in 0..rt {
+        super::for_each_packed_tile(
+            job,
+            chunk,
+            (r0, r1),
+            (i0, i1),
+            pack,
+            |w, rt, t0, c0, c1, ahead| {
+                ahead.all();
+                let mut i = c0;
+                while i < c1 {
+                    let ct = (c1 - i).min(NR);
+                    if rt == MR && ct == NR {
+                        run_tile::<T, MR, NR>(job, w, rt, t0, i, ng, last);
+                    } else if rt == MR {
                         for c in 0..ct {
-                            let (t, ic) = (t0 + r, i + c);
-                            run_tile::<T, 1, 1>(job, w.add(r), rt, t, ic, ng, last);
+                            run_tile::<T, MR, 1>(job, w, rt, t0, i + c, ng, last);
+                        }
+                    } else if ct == NR {
+                        for r in 0..rt {
+                            run_tile::<T, 1, NR>(job, w.add(r), rt, t0 + r, i, ng, last);
+                        }
+                    } else {
+                        for r in 0..rt {
+                            for c in 0..ct {
+                                let (t, ic) = (t0 + r, i + c);
+                                run_tile::<T, 1, 1>(job, w.add(r), rt, t, ic, ng, last);
+                            }
                         }
                     }
+                    i += ct;
                 }
-                i += ct;
-            }
-        });
+            },
+        );
     }
 }

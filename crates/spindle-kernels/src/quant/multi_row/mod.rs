@@ -369,12 +369,58 @@ pub(crate) fn packed_row_bytes(cols: usize) -> usize {
     (cols / 32).div_ceil(8) * std::mem::size_of::<ActGroup>()
 }
 
+/// Most cache lines asked for in one burst: about what one core keeps in
+/// flight. A tile of 4 Q6_K rows of 2,048 values is 105 lines; asked for
+/// all at once, the requests the core drops come back as a trip to DRAM
+/// when the tile is packed (docs/PERF.md §58).
+const LINES_PER_BURST: usize = 32;
+
+/// The weight rows a tile asks for, into L2, a few tiles ahead of their
+/// use; the tile's visitor asks for them in bursts of at most
+/// [`LINES_PER_BURST`] lines spread over its compute.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead<'a> {
+    data: &'a [u8],
+    start: usize,
+    end: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Ahead<'_> {
+    /// The burst of step `k` of a visit of `steps` steps (nothing for the
+    /// steps after the last burst).
+    #[inline(always)]
+    pub(crate) fn step(&self, k: usize, steps: usize) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let lines = (self.end - self.start).div_ceil(64);
+        let bursts = steps.min(lines.div_ceil(LINES_PER_BURST)).max(1);
+        if k >= bursts {
+            return;
+        }
+        let (l0, l1) = (k * lines / bursts, (k + 1) * lines / bursts);
+        for l in l0..l1 {
+            // SAFETY: `start + 64 * l < end <= data.len()`; a prefetch has
+            // no architectural effect and SSE is part of x86-64.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T1>(self.data.as_ptr().add(self.start + 64 * l).cast())
+            };
+        }
+    }
+
+    /// Asks for every line at once (a visit of one step).
+    #[inline(always)]
+    pub(crate) fn all(&self) {
+        self.step(0, 1)
+    }
+}
+
 /// The loop every SIMD multi-row path shares: activation rows `i0..i1` in
 /// chunks of `chunk` rows; against each chunk, weight rows `r0..r1` in tiles
-/// of up to [`MR`]: `visit(data, t0, rt, c0, c1)` for tile rows `t0..t0 +
+/// of up to [`MR`]: `visit(data, t0, rt, c0, c1, ahead)` for tile rows `t0..t0 +
 /// rt` of `data` (the matrix's rows up to `r1`) and activation rows
-/// `c0..c1`. Asks for a tile's rows a few tiles ahead, into L2, while one
-/// runs (the head streams 178 MB per call).
+/// `c0..c1`, with the rows a few tiles ahead for it to ask for, into L2,
+/// while it runs (the head streams 178 MB per call).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn for_each_tile(
@@ -382,7 +428,7 @@ pub(crate) fn for_each_tile(
     chunk: usize,
     (r0, r1): (usize, usize),
     (i0, i1): (usize, usize),
-    mut visit: impl FnMut(&[u8], usize, usize, usize, usize),
+    mut visit: impl FnMut(&[u8], usize, usize, usize, usize, Ahead<'_>),
 ) {
     let data = &job.data[..r1 * job.row_bytes];
     let mut c0 = i0;
@@ -391,8 +437,18 @@ pub(crate) fn for_each_tile(
         let mut t0 = r0;
         while t0 < r1 {
             let rt = (r1 - t0).min(MR);
-            crate::quant::prefetch_rows_l2(data, t0 + TILES_AHEAD * MR, MR, job.row_bytes);
-            visit(data, t0, rt, c0, c1);
+            let start = (t0 + TILES_AHEAD * MR) * job.row_bytes;
+            let end = (t0 + (TILES_AHEAD + 1) * MR) * job.row_bytes;
+            let ahead = if end <= data.len() {
+                Ahead { data, start, end }
+            } else {
+                Ahead {
+                    data,
+                    start: 0,
+                    end: 0,
+                }
+            };
+            visit(data, t0, rt, c0, c1, ahead);
             t0 += rt;
         }
         c0 = c1;
@@ -401,7 +457,7 @@ pub(crate) fn for_each_tile(
 
 /// [`for_each_tile`] with each tile packed once into this thread's buffer
 /// by `pack(row, out, rt)` (group `g` of the tile's row `r` at `out + r + g
-/// * rt`), then `run(tile, rt, t0, c0, c1)`.
+/// * rt`), then `run(tile, rt, t0, c0, c1, ahead)`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn for_each_packed_tile(
@@ -410,17 +466,17 @@ fn for_each_packed_tile(
     rows: (usize, usize),
     acts: (usize, usize),
     pack: impl Fn(*const u8, *mut WGroup, usize),
-    mut run: impl FnMut(*const WGroup, usize, usize, usize, usize),
+    mut run: impl FnMut(*const WGroup, usize, usize, usize, usize, Ahead<'_>),
 ) {
     let ng = (job.cols / 32).div_ceil(8);
     with_buffer(&WTILE, MR * ng, WGroup::ZERO, |buf| {
-        for_each_tile(job, chunk, rows, acts, |data, t0, rt, c0, c1| {
+        for_each_tile(job, chunk, rows, acts, |data, t0, rt, c0, c1, ahead| {
             for r in 0..rt {
                 let row = data[(t0 + r) * job.row_bytes..].as_ptr();
                 // The buffer holds MR * ng groups: room for rt * ng.
                 pack(row, buf[r..].as_mut_ptr(), rt);
             }
-            run(buf.as_ptr(), rt, t0, c0, c1);
+            run(buf.as_ptr(), rt, t0, c0, c1, ahead);
         });
     });
 }

@@ -705,10 +705,13 @@ unsafe fn run_chunk<T: MultiRow, S: WeightTile>(
     (c0, c1): (usize, usize),
     nc: usize,
     (ng, last): (usize, usize),
+    ahead: super::Ahead<'_>,
 ) {
     unsafe {
+        let slices = (c1 - c0).div_ceil(nc);
         let mut i = c0;
         while i < c1 {
+            ahead.step((i - c0) / nc, slices);
             let ct = (c1 - i).min(nc);
             match ct {
                 5.. => run_rows::<T, S, 3>(job, w, rt, t0, i, ct, ng, last),
@@ -738,13 +741,19 @@ pub(crate) unsafe fn range_vnni_q8_0_in_place(
         let Some((ng, last, chunk)) = shape::<Q8_0>(job, r1, i0, i1) else {
             return;
         };
-        super::for_each_tile(job, chunk, (r0, r1), (i0, i1), |data, t0, rt, c0, c1| {
-            let w = InPlace {
-                row: data[t0 * job.row_bytes..].as_ptr(),
-                row_bytes: job.row_bytes,
-            };
-            run_chunk::<Q8_0, InPlace>(job, w, (rt, t0), (c0, c1), NC, (ng, last));
-        });
+        super::for_each_tile(
+            job,
+            chunk,
+            (r0, r1),
+            (i0, i1),
+            |data, t0, rt, c0, c1, ahead| {
+                let w = InPlace {
+                    row: data[t0 * job.row_bytes..].as_ptr(),
+                    row_bytes: job.row_bytes,
+                };
+                run_chunk::<Q8_0, InPlace>(job, w, (rt, t0), (c0, c1), NC, (ng, last), ahead);
+            },
+        );
     }
 }
 
@@ -797,9 +806,16 @@ unsafe fn range_with<T: MultiRow>(
             return;
         };
         let nc = if matches!(T::FOLD, Fold::Q6) { 4 } else { NC };
-        super::for_each_packed_tile(job, chunk, (r0, r1), (i0, i1), pack, |w, rt, t0, c0, c1| {
-            let w = Packed { w, stride: rt };
-            run_chunk::<T, Packed>(job, w, (rt, t0), (c0, c1), nc, (ng, last));
-        });
+        super::for_each_packed_tile(
+            job,
+            chunk,
+            (r0, r1),
+            (i0, i1),
+            pack,
+            |w, rt, t0, c0, c1, ahead| {
+                let w = Packed { w, stride: rt };
+                run_chunk::<T, Packed>(job, w, (rt, t0), (c0, c1), nc, (ng, last), ahead);
+            },
+        );
     }
 }
