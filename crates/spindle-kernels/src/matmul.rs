@@ -39,7 +39,6 @@ use crate::simd::{detected_isa, Isa};
 use crate::threadpool::{row_share, ThreadPool};
 use spindle_formats::GgmlType;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A row-major weight matrix borrowed from model storage: row `r` (output
 /// feature `r`) is bytes `r * row_bytes .. (r + 1) * row_bytes`.
@@ -763,12 +762,7 @@ fn run_split_multi_capped(
     }
     let chunks = n.div_ceil(chunk);
     let items = chunks * blocks.len();
-    let next = AtomicUsize::new(0);
-    pool.run(&|_, _| loop {
-        let item = next.fetch_add(1, Ordering::Relaxed);
-        if item >= items {
-            break;
-        }
+    pool.run_items(items, &|item| {
         let (c, b) = (item / blocks.len(), item % blocks.len());
         let i0 = c * chunk;
         run(&blocks[b], i0, (i0 + chunk).min(n));

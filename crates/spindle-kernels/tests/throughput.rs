@@ -452,7 +452,8 @@ fn bench_panels(pool: &ThreadPool, rows: usize, cols: usize, n: usize, min_secs:
 
 /// One matmul shape, for profiling: `SPINDLE_BENCH_SHAPE=TYPE,ROWS,COLS,N[,THREADS]`
 /// (default Q8_0,256,640,512 on one thread), weights in the vertical layout where
-/// the type has it, or as `SPINDLE_BENCH_LAYOUT` says.
+/// the type has it, or as `SPINDLE_BENCH_LAYOUT` says; with
+/// `SPINDLE_BENCH_COLD=1` (vertical layout) also with the weights from DRAM.
 #[test]
 #[ignore = "manual throughput check; run with --ignored --nocapture"]
 fn one_shape() {
@@ -477,12 +478,19 @@ fn one_shape() {
         .with_layout(layout);
     let x = random_acts(&mut rng, n, cols);
     let best = time_call(&pool, &view, &x, n, 3.0);
+    // Where the threads sit moves multi-threaded timings (docs/PERF.md §50).
+    let handoff = spindle_kernels::membw::handoff_round_trip(&pool, 2000, 3)
+        .map_or(String::new(), |s| format!(", hand-off {:.0} ns", s * 1e9));
     println!(
-        "{} {threads}t {ty} {rows}x{cols} n={n} {layout:?}: {:.1} us, {:.1} GMAC/s",
+        "{} {threads}t {ty} {rows}x{cols} n={n} {layout:?}: {:.1} us, {:.1} GMAC/s{handoff}",
         detected_isa(),
         best * 1e6,
         (rows * cols * n) as f64 / best / 1e9
     );
+    if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "1") && asked == "vertical" {
+        let cold = time_call_cold(&pool, ty, rows, cols, n);
+        println!("  cold (weights from DRAM): {:.1} us", cold * 1e6);
+    }
 }
 
 /// An encoder's attention as all-MiniLM-L6-v2 runs it on `bench/embed`'s
