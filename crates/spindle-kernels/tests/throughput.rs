@@ -188,12 +188,6 @@ fn layout_asked() -> String {
     std::env::var("SPINDLE_BENCH_LAYOUT").unwrap_or_default()
 }
 
-/// Rewrites `w` as the loader would for the layout asked (see
-/// [`layout_asked`]).
-fn rewrite(ty: GgmlType, rows: usize, cols: usize, w: &mut [u8]) -> WeightLayout {
-    rewrite_as(&layout_asked(), ty, rows, cols, w)
-}
-
 /// Rewrites `w` into `layout` (as named by [`layout_asked`]) where its type
 /// and shape allow.
 fn rewrite_as(layout: &str, ty: GgmlType, rows: usize, cols: usize, w: &mut [u8]) -> WeightLayout {
@@ -251,10 +245,17 @@ fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_
 /// in a real forward pass (whose weights far exceed the L3 cache): calls
 /// cycle over copies of the matrix totalling at least 128 MiB (3 rounds);
 /// best call.
-fn time_call_cold(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: usize) -> f64 {
+fn time_call_cold(
+    pool: &ThreadPool,
+    layout: &str,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> f64 {
     let mut rng = StdRng::seed_from_u64(2);
     let mut one = random_weights(&mut rng, ty, rows, cols);
-    let layout = rewrite(ty, rows, cols, &mut one);
+    let layout = rewrite_as(layout, ty, rows, cols, &mut one);
     let copies = (128usize << 20).div_ceil(one.len()).max(2);
     let all: Vec<u8> = (0..copies).flat_map(|_| one.iter().copied()).collect();
     // In huge pages, as the loader keeps weights.
@@ -271,7 +272,12 @@ fn time_call_cold(pool: &ThreadPool, ty: GgmlType, rows: usize, cols: usize, n: 
     let mut out = vec![0.0f32; n * rows];
     let isa = detected_isa();
     let mut best = f64::MAX;
-    for _ in 0..3 {
+    let rounds = if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "only") {
+        60
+    } else {
+        3
+    };
+    for _ in 0..rounds {
         for v in &views {
             let t = Instant::now();
             matmul_with_isa(isa, v, &x, n, &mut out, pool).unwrap();
@@ -335,8 +341,8 @@ fn multi_row_throughput() {
             }
             if rows < 100_000 {
                 // As in a forward pass: weights from DRAM.
-                let c1 = time_call_cold(&pool, ty, rows, cols, 1);
-                let c16 = time_call_cold(&pool, ty, rows, cols, 16);
+                let c1 = time_call_cold(&pool, &layout_asked(), ty, rows, cols, 1);
+                let c16 = time_call_cold(&pool, &layout_asked(), ty, rows, cols, 16);
                 println!(
                     "{threads}t {name:<18} cold: n=1 {:8.1} us, n=16 {:8.1} us  16/1 = {:.2}x",
                     c1 * 1e6,
@@ -477,6 +483,11 @@ fn one_shape() {
         .unwrap()
         .with_layout(layout);
     let x = random_acts(&mut rng, n, cols);
+    if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "only") {
+        let cold = time_call_cold(&pool, &asked, ty, rows, cols, n);
+        println!("cold only: {:.1} us", cold * 1e6);
+        return;
+    }
     let best = time_call(&pool, &view, &x, n, 3.0);
     // Where the threads sit moves multi-threaded timings (docs/PERF.md §50).
     let handoff = spindle_kernels::membw::handoff_round_trip(&pool, 2000, 3)
@@ -487,8 +498,8 @@ fn one_shape() {
         best * 1e6,
         (rows * cols * n) as f64 / best / 1e9
     );
-    if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "1") && asked == "vertical" {
-        let cold = time_call_cold(&pool, ty, rows, cols, n);
+    if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "1") {
+        let cold = time_call_cold(&pool, &asked, ty, rows, cols, n);
         println!("  cold (weights from DRAM): {:.1} us", cold * 1e6);
     }
 }

@@ -474,7 +474,7 @@ pub(crate) unsafe fn range_avx2<T: MultiRow>(
             (i0, i1),
             pack,
             |w, rt, t0, c0, c1, ahead| {
-                ahead.all();
+                ahead.rest(0, 1);
                 let mut i = c0;
                 while i < c1 {
                     let ct = (c1 - i).min(NR);

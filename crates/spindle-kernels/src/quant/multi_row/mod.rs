@@ -371,13 +371,13 @@ pub(crate) fn packed_row_bytes(cols: usize) -> usize {
 
 /// Most cache lines asked for in one burst: about what one core keeps in
 /// flight. A tile of 4 Q6_K rows of 2,048 values is 105 lines; asked for
-/// all at once, the requests the core drops come back as a trip to DRAM
-/// when the tile is packed (docs/PERF.md §58).
+/// all at once, the core could not keep them in flight (docs/PERF.md §58).
 const LINES_PER_BURST: usize = 32;
 
 /// The weight rows a tile asks for, into L2, a few tiles ahead of their
-/// use; the tile's visitor asks for them in bursts of at most
-/// [`LINES_PER_BURST`] lines spread over its compute.
+/// use, in bursts of at most [`LINES_PER_BURST`] lines: the first as the
+/// tile starts ([`for_each_tile`] asks for it), the others spread over the
+/// tile's compute by its visitor ([`Ahead::rest`]).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(crate) struct Ahead<'a> {
@@ -388,18 +388,20 @@ pub(crate) struct Ahead<'a> {
 
 #[cfg(target_arch = "x86_64")]
 impl Ahead<'_> {
-    /// The burst of step `k` of a visit of `steps` steps (nothing for the
-    /// steps after the last burst).
+    fn lines(&self) -> usize {
+        (self.end - self.start).div_ceil(64)
+    }
+
+    fn bursts(&self) -> usize {
+        self.lines().div_ceil(LINES_PER_BURST).max(1)
+    }
+
+    /// Asks for bursts `b0..b1`.
     #[inline(always)]
-    pub(crate) fn step(&self, k: usize, steps: usize) {
+    fn ask(&self, b0: usize, b1: usize) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let lines = (self.end - self.start).div_ceil(64);
-        let bursts = steps.min(lines.div_ceil(LINES_PER_BURST)).max(1);
-        if k >= bursts {
-            return;
-        }
-        let (l0, l1) = (k * lines / bursts, (k + 1) * lines / bursts);
-        for l in l0..l1 {
+        let (lines, bursts) = (self.lines(), self.bursts());
+        for l in b0 * lines / bursts..b1 * lines / bursts {
             // SAFETY: `start + 64 * l < end <= data.len()`; a prefetch has
             // no architectural effect and SSE is part of x86-64.
             unsafe {
@@ -408,10 +410,20 @@ impl Ahead<'_> {
         }
     }
 
-    /// Asks for every line at once (a visit of one step).
+    /// The first burst (the whole tile ahead when it fits one).
     #[inline(always)]
-    pub(crate) fn all(&self) {
-        self.step(0, 1)
+    fn first(&self) {
+        self.ask(0, 1)
+    }
+
+    /// Step `k` of `steps` of the tile's compute: its share of the bursts
+    /// after the first (all of them when `steps` is 1).
+    #[inline(always)]
+    pub(crate) fn rest(&self, k: usize, steps: usize) {
+        let (more, steps) = (self.bursts() - 1, steps.max(1));
+        if more > 0 && k < steps {
+            self.ask(1 + k * more / steps, 1 + (k + 1) * more / steps);
+        }
     }
 }
 
@@ -419,8 +431,8 @@ impl Ahead<'_> {
 /// chunks of `chunk` rows; against each chunk, weight rows `r0..r1` in tiles
 /// of up to [`MR`]: `visit(data, t0, rt, c0, c1, ahead)` for tile rows `t0..t0 +
 /// rt` of `data` (the matrix's rows up to `r1`) and activation rows
-/// `c0..c1`, with the rows a few tiles ahead for it to ask for, into L2,
-/// while it runs (the head streams 178 MB per call).
+/// `c0..c1`; the rows a few tiles ahead are asked for, into L2, the
+/// first burst before the visit and the rest by the visitor as it runs.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn for_each_tile(
@@ -448,6 +460,7 @@ pub(crate) fn for_each_tile(
                     end: 0,
                 }
             };
+            ahead.first();
             visit(data, t0, rt, c0, c1, ahead);
             t0 += rt;
         }

@@ -711,7 +711,7 @@ unsafe fn run_chunk<T: MultiRow, S: WeightTile>(
         let slices = (c1 - c0).div_ceil(nc);
         let mut i = c0;
         while i < c1 {
-            ahead.step((i - c0) / nc, slices);
+            ahead.rest((i - c0) / nc, slices);
             let ct = (c1 - i).min(nc);
             match ct {
                 5.. => run_rows::<T, S, 3>(job, w, rt, t0, i, ct, ng, last),
