@@ -369,9 +369,10 @@ pub(crate) fn packed_row_bytes(cols: usize) -> usize {
     (cols / 32).div_ceil(8) * std::mem::size_of::<ActGroup>()
 }
 
-/// Most cache lines asked for in one burst: about what one core keeps in
-/// flight. A tile of 4 Q6_K rows of 2,048 values is 105 lines; asked for
-/// all at once, the core could not keep them in flight (docs/PERF.md §58).
+/// Most cache lines asked for in one burst. A tile of 4 Q6_K rows of 2,048
+/// values is 105 lines; asked for all at once as the tile started, a cold
+/// 16-row call took 251 us against 227 in bursts (one thread, docs/PERF.md
+/// §58), likely more requests than one core keeps in flight.
 const LINES_PER_BURST: usize = 32;
 
 /// The weight rows a tile asks for, into L2, a few tiles ahead of their
