@@ -243,10 +243,11 @@ fn time_call(pool: &ThreadPool, view: &WeightView<'_>, x: &[f32], n: usize, min_
 
 /// Seconds per call of an `n`-row matmul with the weights not in cache, as
 /// in a real forward pass (whose weights far exceed the L3 cache): calls
-/// cycle over copies of the matrix totalling at least 128 MiB (3 rounds);
-/// best call.
+/// cycle `rounds` times over copies of the matrix totalling at least 128
+/// MiB, laid out as `layout` names (see [`rewrite_as`]); best call.
 fn time_call_cold(
     pool: &ThreadPool,
+    rounds: usize,
     layout: &str,
     ty: GgmlType,
     rows: usize,
@@ -272,11 +273,6 @@ fn time_call_cold(
     let mut out = vec![0.0f32; n * rows];
     let isa = detected_isa();
     let mut best = f64::MAX;
-    let rounds = if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "only") {
-        60
-    } else {
-        3
-    };
     for _ in 0..rounds {
         for v in &views {
             let t = Instant::now();
@@ -341,8 +337,8 @@ fn multi_row_throughput() {
             }
             if rows < 100_000 {
                 // As in a forward pass: weights from DRAM.
-                let c1 = time_call_cold(&pool, &layout_asked(), ty, rows, cols, 1);
-                let c16 = time_call_cold(&pool, &layout_asked(), ty, rows, cols, 16);
+                let c1 = time_call_cold(&pool, 3, &layout_asked(), ty, rows, cols, 1);
+                let c16 = time_call_cold(&pool, 3, &layout_asked(), ty, rows, cols, 16);
                 println!(
                     "{threads}t {name:<18} cold: n=1 {:8.1} us, n=16 {:8.1} us  16/1 = {:.2}x",
                     c1 * 1e6,
@@ -459,7 +455,8 @@ fn bench_panels(pool: &ThreadPool, rows: usize, cols: usize, n: usize, min_secs:
 /// One matmul shape, for profiling: `SPINDLE_BENCH_SHAPE=TYPE,ROWS,COLS,N[,THREADS]`
 /// (default Q8_0,256,640,512 on one thread), weights in the vertical layout where
 /// the type has it, or as `SPINDLE_BENCH_LAYOUT` says; with
-/// `SPINDLE_BENCH_COLD=1` (vertical layout) also with the weights from DRAM.
+/// `SPINDLE_BENCH_COLD=1` also with the weights from DRAM (the same layout),
+/// with `SPINDLE_BENCH_COLD=only` only that, over many rounds (for `perf`).
 #[test]
 #[ignore = "manual throughput check; run with --ignored --nocapture"]
 fn one_shape() {
@@ -483,8 +480,10 @@ fn one_shape() {
         .unwrap()
         .with_layout(layout);
     let x = random_acts(&mut rng, n, cols);
-    if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "only") {
-        let cold = time_call_cold(&pool, &asked, ty, rows, cols, n);
+    let cold_asked = std::env::var("SPINDLE_BENCH_COLD").unwrap_or_default();
+    if cold_asked == "only" {
+        // Long enough for a profiler's samples to be the cold calls'.
+        let cold = time_call_cold(&pool, 60, &asked, ty, rows, cols, n);
         println!("cold only: {:.1} us", cold * 1e6);
         return;
     }
@@ -498,8 +497,8 @@ fn one_shape() {
         best * 1e6,
         (rows * cols * n) as f64 / best / 1e9
     );
-    if std::env::var("SPINDLE_BENCH_COLD").is_ok_and(|v| v == "1") {
-        let cold = time_call_cold(&pool, &asked, ty, rows, cols, n);
+    if cold_asked == "1" {
+        let cold = time_call_cold(&pool, 3, &asked, ty, rows, cols, n);
         println!("  cold (weights from DRAM): {:.1} us", cold * 1e6);
     }
 }

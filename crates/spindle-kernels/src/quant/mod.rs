@@ -189,23 +189,30 @@ pub(crate) fn fold_scaled_min(lane: &mut f32, ds: f32, dm: f32, da: f32, isum: i
     *lane = da.mul_add(inner, *lane);
 }
 
+/// Prefetches the cache lines of `w[start..end]` into L2 (nothing past
+/// `w`'s end). Into L2, not L1: a multi-row tile runs against activation
+/// rows that fill most of L1, and weights pulled into L1 ahead of time
+/// evicted them (the output head's 16-row matmul took 15.4 ms with L1
+/// prefetches, 11.1 ms with these; docs/PERF.md §40).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_range_l2(w: &[u8], start: usize, end: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    for off in (start..end.min(w.len())).step_by(64) {
+        // SAFETY: the address is inside `w`; a prefetch has no
+        // architectural effect and SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(w.as_ptr().add(off).cast()) };
+    }
+}
+
 /// Prefetches rows `r..r + n` of `w` (rows of `row_bytes`) into L2, if
-/// they exist: the multi-row kernels ask for the next tile of weight rows
-/// while one runs. Into L2, not L1: a tile runs against activation rows
-/// that fill most of L1, and weights pulled into L1 ahead of time evicted
-/// them (the output head's 16-row matmul took 15.4 ms with L1 prefetches,
-/// 11.1 ms with these; docs/PERF.md §40).
+/// they all exist (the AMX tiles ask for their next rows this way).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_rows_l2(w: &[u8], r: usize, n: usize, row_bytes: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
     let (start, end) = (r * row_bytes, (r + n) * row_bytes);
     if end <= w.len() {
-        for off in (start..end).step_by(64) {
-            // SAFETY: the address is inside `w`; a prefetch has no
-            // architectural effect and SSE is part of x86-64.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(w.as_ptr().add(off).cast()) };
-        }
+        prefetch_range_l2(w, start, end);
     }
 }
 

@@ -400,15 +400,9 @@ impl Ahead<'_> {
     /// Asks for bursts `b0..b1`.
     #[inline(always)]
     fn ask(&self, b0: usize, b1: usize) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let (lines, bursts) = (self.lines(), self.bursts());
-        for l in b0 * lines / bursts..b1 * lines / bursts {
-            // SAFETY: `start + 64 * l < end <= data.len()`; a prefetch has
-            // no architectural effect and SSE is part of x86-64.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(self.data.as_ptr().add(self.start + 64 * l).cast())
-            };
-        }
+        let line = |b: usize| self.start + 64 * (b * lines / bursts);
+        crate::quant::prefetch_range_l2(self.data, line(b0), line(b1).min(self.end));
     }
 
     /// The first burst (the whole tile ahead when it fits one).
@@ -450,17 +444,15 @@ pub(crate) fn for_each_tile(
         let mut t0 = r0;
         while t0 < r1 {
             let rt = (r1 - t0).min(MR);
+            // The tile `TILES_AHEAD` on, if the range has all of it.
             let start = (t0 + TILES_AHEAD * MR) * job.row_bytes;
             let end = (t0 + (TILES_AHEAD + 1) * MR) * job.row_bytes;
-            let ahead = if end <= data.len() {
-                Ahead { data, start, end }
+            let (start, end) = if end <= data.len() {
+                (start, end)
             } else {
-                Ahead {
-                    data,
-                    start: 0,
-                    end: 0,
-                }
+                (0, 0)
             };
+            let ahead = Ahead { data, start, end };
             ahead.first();
             visit(data, t0, rt, c0, c1, ahead);
             t0 += rt;
